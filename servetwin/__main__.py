@@ -1,0 +1,5 @@
+import sys
+
+from servetwin.cli import main
+
+sys.exit(main())
