@@ -10,6 +10,11 @@ import argparse
 import importlib
 import sys
 
+from twin.errors import ServetwinError
+
+# Errors the user caused: printed as one clear line, exit code 2.
+UserError = ServetwinError
+
 # Subcommand modules, in the order `--help` lists them. A module that fails to
 # import (an optional extra missing) is reported when its command is used.
 COMMAND_MODULES = (
@@ -54,10 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"servetwin {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-class UserError(Exception):
-    """A problem with the user's input: printed as one clear message, exit code 2."""
 
 
 if __name__ == "__main__":
