@@ -1,0 +1,199 @@
+"""Model architectures: parameter and KV-cache sizes, FLOPs per token.
+
+A model comes from the built-in catalog (Hugging Face ids, their `config.json` fields
+copied below) or from a local directory or file holding a Hugging Face `config.json`.
+Both go through the same parser, `ModelSpec.from_hf_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from twin.errors import ConfigError
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shapes that decide memory and compute. MoE and MLA fields are zero when unused."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int  # dense MLP width
+    vocab: int
+    context_len: int
+    weight_bytes_per_param: float = 2.0
+    tie_embeddings: bool = False
+    # Mixture of experts
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate: int = 0
+    first_dense_layers: int = 0  # leading layers with a dense MLP in a MoE model
+    # Multi-head latent attention (DeepSeek-V2/V3)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, name: str, cfg: dict) -> ModelSpec:
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            layers = int(cfg["num_hidden_layers"])
+            vocab = int(cfg["vocab_size"])
+        except KeyError as exc:
+            raise ConfigError(f"model {name}: config.json lacks field {exc.args[0]!r}") from None
+        quant = (cfg.get("quantization_config") or {}).get("quant_method", "")
+        wbytes = 1.0 if quant == "fp8" else DTYPE_BYTES.get(cfg.get("torch_dtype", "bfloat16"), 2)
+        n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+        return cls(
+            name=name,
+            num_layers=layers,
+            hidden=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
+            vocab=vocab,
+            context_len=int(cfg.get("max_position_embeddings") or 4096),
+            weight_bytes_per_param=wbytes,
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_experts=n_routed,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if n_routed else 0,
+            num_shared_experts=int(cfg.get("n_shared_experts") or 0) if n_routed else 0,
+            moe_intermediate=int(cfg.get("moe_intermediate_size") or 0) if n_routed else 0,
+            first_dense_layers=int(cfg.get("first_k_dense_replace") or 0) if n_routed else 0,
+            kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+            v_head_dim=int(cfg.get("v_head_dim") or 0),
+        )
+
+    # ---- shape facts ----------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def attention_params(self) -> int:
+        """Parameters of one layer's attention projections."""
+        h, n = self.hidden, self.num_heads
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = h * self.q_lora_rank + self.q_lora_rank * n * qk if self.q_lora_rank else h * n * qk
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv_a + kv_b + n * self.v_head_dim * h
+        return h * self.head_dim * (2 * n + 2 * self.num_kv_heads)
+
+    def mlp_params(self, layer: int, active: bool) -> int:
+        """One layer's MLP parameters; `active` counts only the experts a token uses."""
+        if not self.is_moe or layer < self.first_dense_layers:
+            return 3 * self.hidden * self.intermediate
+        experts = self.experts_per_token if active else self.num_experts
+        routed = (experts + self.num_shared_experts) * 3 * self.hidden * self.moe_intermediate
+        return routed + self.hidden * self.num_experts  # plus the router
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+
+    def total_params(self) -> int:
+        layers = sum(self.mlp_params(i, active=False) for i in range(self.num_layers))
+        return layers + self.num_layers * self.attention_params() + self.embedding_params()
+
+    def active_linear_params(self) -> int:
+        """Parameters one token multiplies through, excluding embedding and LM head."""
+        mlp = sum(self.mlp_params(i, active=True) for i in range(self.num_layers))
+        return mlp + self.num_layers * self.attention_params()
+
+    def weight_bytes_per_gpu(self, tp: int) -> float:
+        """Weights per GPU under tensor parallelism (every matrix split tp ways; the small
+        replicated pieces, norms and MLA's down-projections, are ignored)."""
+        return self.total_params() * self.weight_bytes_per_param / tp
+
+    def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: float = 2.0) -> float:
+        """KV-cache bytes one token occupies on one GPU. MLA keeps one latent vector per
+        layer, replicated on every TP rank; GQA splits KV heads across ranks (replicated
+        when tp exceeds the KV head count)."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
+        heads = max(1, self.num_kv_heads // tp) if self.num_kv_heads >= tp else 1
+        return 2 * self.num_layers * heads * self.head_dim * kv_dtype_bytes
+
+    def attn_flops_per_query_key(self, tp: int) -> float:
+        """FLOPs per (query token, key token) pair over all layers, on one GPU:
+        QK^T and PV, 2 FLOPs per multiply-add each."""
+        heads = self.num_heads / tp
+        if self.is_mla:  # absorbed MLA attends in the latent space
+            d = self.kv_lora_rank * 2 + self.qk_rope_head_dim
+        else:
+            d = 2 * self.head_dim
+        return 2.0 * self.num_layers * heads * d
+
+
+# Fields copied from each model's Hugging Face config.json.
+CATALOG: dict[str, dict] = {
+    "meta-llama/Llama-3.1-8B": dict(
+        hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072,
+        torch_dtype="bfloat16"),
+    "meta-llama/Llama-3.1-70B": dict(
+        hidden_size=8192, num_attention_heads=64, num_key_value_heads=8, num_hidden_layers=80,
+        intermediate_size=28672, vocab_size=128256, max_position_embeddings=131072,
+        torch_dtype="bfloat16"),
+    "Qwen/Qwen3-8B": dict(
+        hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=36,
+        head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
+        torch_dtype="bfloat16"),
+    "Qwen/Qwen3-32B": dict(
+        hidden_size=5120, num_attention_heads=64, num_key_value_heads=8, num_hidden_layers=64,
+        head_dim=128, intermediate_size=25600, vocab_size=151936, max_position_embeddings=40960,
+        torch_dtype="bfloat16"),
+    # DeepSeek's 128k-context distillation on the Qwen2.5-32B architecture: the closest
+    # DeepSeek model to the users' that fits 2x A100-80GB.
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B": dict(
+        hidden_size=5120, num_attention_heads=40, num_key_value_heads=8, num_hidden_layers=64,
+        intermediate_size=27648, vocab_size=152064, max_position_embeddings=131072,
+        torch_dtype="bfloat16"),
+    "deepseek-ai/DeepSeek-V3": dict(
+        hidden_size=7168, num_attention_heads=128, num_key_value_heads=128, num_hidden_layers=61,
+        intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840,
+        torch_dtype="bfloat16", quantization_config={"quant_method": "fp8"},
+        n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
+        moe_intermediate_size=2048, first_k_dense_replace=3, kv_lora_rank=512,
+        q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+}
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by Hugging Face id, or a local `config.json` (file or directory)."""
+    if name_or_path in CATALOG:
+        return ModelSpec.from_hf_config(name_or_path, CATALOG[name_or_path])
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+        return ModelSpec.from_hf_config(str(name_or_path), cfg)
+    raise ConfigError(
+        f"unknown model {name_or_path!r}: not in the catalog and no config.json there; "
+        f"catalog: {', '.join(CATALOG)}"
+    )
