@@ -1,0 +1,255 @@
+"""Start and stop a real SGLang server on the CPU harness.
+
+`CpuServer` is a context manager for tests and benchmarks:
+
+    with CpuServer() as server:
+        requests.post(server.url + "/generate", ...)
+
+It builds the `python -m sglang.launch_server` command (`build_command`), starts it
+in its own process group with the harness environment, waits for `/health` and one
+trivial `/generate`, and on exit stops the whole group: SIGINT, then SIGTERM, then
+SIGKILL. Only the standard library is used here: the project does not need SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from runtime.cpu.install import Harness, HarnessError, harness_env, require_harness
+
+# Flags the CPU harness needs; `True` marks a switch that takes no value.
+REQUIRED_ARGS: dict[str, str | bool] = {
+    "--load-format": "dummy",
+    "--device": "cpu",
+    "--attention-backend": "torch_native",
+    "--sampling-backend": "pytorch",
+    "--disable-overlap-schedule": True,
+    "--dtype": "float32",
+    "--enable-metrics": True,
+    "--skip-server-warmup": True,
+    "--host": "127.0.0.1",
+}
+# Defaults sized for a 2-core, 24 GiB machine; any of them can be overridden.
+DEFAULT_ARGS: dict[str, str | bool] = {
+    "--max-total-tokens": "16384",
+    "--max-running-requests": "16",
+    "--chunked-prefill-size": "1024",
+    "--context-length": "8192",
+    "--log-level": "info",
+}
+STOP_SIGNALS = ((signal.SIGINT, 15.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flag_names(args: Sequence[str]) -> set[str]:
+    """The `--flag` names present in an argument list (`--a=1` and `--a 1` both give `--a`)."""
+    return {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
+
+
+def build_command(
+    python: Path | str,
+    model_dir: Path | str,
+    port: int,
+    user_args: Sequence[str] = (),
+) -> list[str]:
+    """The launch command: harness flags and defaults, each overridden by the user's args."""
+    given = flag_names(user_args)
+    cmd = [str(python), "-m", "sglang.launch_server"]
+    if "--model-path" not in given:
+        cmd += ["--model-path", str(model_dir)]
+    if "--port" not in given:
+        cmd += ["--port", str(port)]
+    for flag, value in (REQUIRED_ARGS | DEFAULT_ARGS).items():
+        if flag in given:
+            continue
+        cmd += [flag] if value is True else [flag, value]
+    return cmd + list(user_args)
+
+
+def port_of(cmd: Sequence[str]) -> int:
+    """The `--port` of a launch command."""
+    for i, arg in enumerate(cmd):
+        if arg == "--port":
+            return int(cmd[i + 1])
+        if arg.startswith("--port="):
+            return int(arg.split("=", 1)[1])
+    raise ValueError("no --port in the command")
+
+
+class ServerStartError(HarnessError):
+    """The server exited or did not become healthy in time."""
+
+
+class CpuServer:
+    """A real SGLang server on the CPU harness, started and stopped as one process group."""
+
+    def __init__(
+        self,
+        user_args: Sequence[str] = (),
+        *,
+        prefix: str | os.PathLike | None = None,
+        log_path: str | os.PathLike | None = None,
+        start_timeout: float = 180.0,
+    ) -> None:
+        self.harness: Harness = require_harness(prefix)
+        self.command = build_command(
+            self.harness.python, self.harness.model_dir, free_port(), user_args
+        )
+        self.port = port_of(self.command)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else _default_log_path(self.port)
+        self.start_timeout = start_timeout
+        self.start_seconds: float | None = None
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> CpuServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> None:
+        """Launch the server and wait until it answers `/health` and a trivial `/generate`."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                self.command,
+                env=harness_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, stopped as a whole
+            )
+        try:
+            self._wait_until_ready(started + self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+
+    def _wait_until_ready(self, deadline: float) -> None:
+        while not self._get_ok("/health"):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServerStartError(self._failure("did not answer /health in time"))
+            time.sleep(0.5)
+        body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}}
+        try:
+            post_json(self.url + "/generate", body, timeout=max(deadline - time.monotonic(), 1))
+        except (OSError, ValueError) as exc:
+            raise ServerStartError(self._failure(f"failed its first /generate: {exc}")) from exc
+
+    def _get_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as response:
+                return response.status == 200
+        except (OSError, ValueError):
+            return False
+
+    def _check_alive(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            raise ServerStartError(self._failure(f"exited with code {self._process.returncode}"))
+
+    def _failure(self, what: str) -> str:
+        return f"the SGLang server {what}; log {self.log_path}:\n{log_tail(self.log_path)}"
+
+    def wait(self) -> int:
+        """Block until the server process exits; its exit code."""
+        if self._process is None:
+            raise RuntimeError("the server was not started")
+        return self._process.wait()
+
+    def stop(self) -> None:
+        """Stop the server's whole process group; escalates SIGINT -> SIGTERM -> SIGKILL."""
+        if self._process is None:
+            return
+        pgid = self._process.pid  # leader of its own session, so pgid == pid
+        for sig, grace in STOP_SIGNALS:
+            if not _group_alive(pgid):
+                break
+            _signal_group(pgid, sig)
+            _wait_group(pgid, self._process, grace)
+        self._process.poll()
+        self._process = None
+
+
+def post_json(url: str, body: dict, timeout: float = 60.0) -> dict:
+    """POST a JSON body, return the decoded JSON answer (raises on HTTP errors)."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _default_log_path(port: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.gettempdir()) / "servetwin" / f"sglang-cpu-{stamp}-{port}.log"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in the group.
+
+    Read from /proc, because `killpg(pgid, 0)` also counts zombies, and a
+    container's init may never reap the orphans it inherits.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        state, pgrp = fields[0], int(fields[3])
+        if pgrp == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _wait_group(pgid: int, leader: subprocess.Popen, grace: float) -> None:
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        leader.poll()  # reap the leader so it does not linger as a zombie
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.1)

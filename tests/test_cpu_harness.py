@@ -1,0 +1,90 @@
+"""Against a real SGLang 0.5.23 server on the CPU harness (the `sglang_server` fixture)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from runtime.cpu.model import DEFAULT_SPEC, FIRST_ORDINARY_ID
+
+pytestmark = pytest.mark.live
+
+
+def get(server, path: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(server.url + path, timeout=30) as response:
+        return response.status, response.read()
+
+
+def generate_stream(server, body: dict) -> list[dict]:
+    """POST a streamed /generate; the decoded `data:` chunks, in arrival order."""
+    data = json.dumps(body | {"stream": True}).encode()
+    request = urllib.request.Request(
+        server.url + "/generate", data, {"Content-Type": "application/json"}
+    )
+    chunks = []
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunks.append(json.loads(line[len("data:") :]))
+    return chunks
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    span = DEFAULT_SPEC.vocab_size - FIRST_ORDINARY_ID
+    return [FIRST_ORDINARY_ID + (seed * 7919 + i * 104729) % span for i in range(n)]
+
+
+def test_health(sglang_server):
+    status, _ = get(sglang_server, "/health")
+    assert status == 200
+
+
+def test_server_info_reports_capacity_and_args(sglang_server):
+    _, body = get(sglang_server, "/server_info")
+    info = json.loads(body)
+    assert info["max_total_num_tokens"] > 0
+    assert info["device"] == "cpu"
+    assert info["load_format"] == "dummy"
+    assert info["max_running_requests"] > 0
+    assert info["chunked_prefill_size"] > 0
+
+
+def test_streamed_generate_returns_exactly_the_requested_tokens(sglang_server):
+    body = {
+        "input_ids": prompt(1, 40),
+        "rid": "harness-stream-1",
+        "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0},
+    }
+    chunks = generate_stream(sglang_server, body)
+    assert len(chunks) >= 2
+    final = chunks[-1]["meta_info"]
+    assert final["id"] == "harness-stream-1"
+    assert final["prompt_tokens"] == 40
+    assert final["completion_tokens"] == 12
+    assert final["finish_reason"]["type"] == "length"
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts)  # cumulative
+
+
+def test_repeated_prompt_hits_the_radix_cache(sglang_server):
+    body = {
+        "input_ids": prompt(2, 200),
+        "sampling_params": {"max_new_tokens": 2, "ignore_eos": True},
+    }
+    first = generate_stream(sglang_server, body | {"rid": "harness-cache-1"})[-1]["meta_info"]
+    second = generate_stream(sglang_server, body | {"rid": "harness-cache-2"})[-1]["meta_info"]
+    assert first["cached_tokens"] == 0
+    assert second["cached_tokens"] > 0
+    assert second["cached_tokens"] < 200
+
+
+def test_metrics_expose_sglang_gauges(sglang_server):
+    _, body = get(sglang_server, "/metrics")
+    text = body.decode()
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
+        assert f"\n{name}" in text or text.startswith(name)
+    assert "sglang:time_to_first_token_seconds_bucket" in text
