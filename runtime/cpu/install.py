@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.cpu import model
+from twin.errors import ServetwinError
 
 ENV_VAR = "SERVETWIN_SGLANG_ENV"
 DEFAULT_PREFIX = Path("~/.cache/servetwin/sglang-cpu")
@@ -59,7 +60,7 @@ RECIPE_VERSION = 1  # bump when the steps change, so existing installs are redon
 Log = Callable[[str], None]
 
 
-class HarnessError(Exception):
+class HarnessError(ServetwinError):
     """The harness is missing, incomplete, or an install step failed."""
 
 
