@@ -1,19 +1,26 @@
 """Model architectures: parameter and KV-cache sizes, FLOPs per token.
 
 A model comes from the built-in catalog (Hugging Face ids, their `config.json` fields
-copied below) or from a local directory or file holding a Hugging Face `config.json`.
-Both go through the same parser, `ModelSpec.from_hf_config`.
+copied below), from aiconfigurator-core's catalog of cached `config.json` files (85
+architectures: Qwen3, Llama-3.1/4, DeepSeek-V3/R1, Kimi, GLM, gpt-oss, ...), or from a local
+directory or file holding a Hugging Face `config.json`. All go through the same parser,
+`ModelSpec.from_hf_config`; `get_model` is the single entry point.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from twin.errors import ConfigError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1, "int4": 0.5}
+# Weight bytes per parameter by `quantization_config.quant_method` (scales ignored).
+QUANT_WEIGHT_BYTES = {"fp8": 1.0, "compressed-tensors": 1.0, "modelopt": 1.0, "awq": 0.5,
+                      "gptq": 0.5, "mxfp4": 0.5, "modelopt_fp4": 9 / 16}
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # The config.json the spec was parsed from (for backends that re-read the architecture).
+    hf_config: Mapping = field(default_factory=dict, compare=False, repr=False)
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -55,8 +64,10 @@ class ModelSpec:
         except KeyError as exc:
             raise ConfigError(f"model {name}: config.json lacks field {exc.args[0]!r}") from None
         quant = (cfg.get("quantization_config") or {}).get("quant_method", "")
-        wbytes = 1.0 if quant == "fp8" else DTYPE_BYTES.get(cfg.get("torch_dtype", "bfloat16"), 2)
-        n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+        wbytes = QUANT_WEIGHT_BYTES.get(quant) or DTYPE_BYTES.get(
+            cfg.get("torch_dtype", "bfloat16"), 2)
+        n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts")
+                       or cfg.get("num_local_experts") or 0)
         return cls(
             name=name,
             num_layers=layers,
@@ -72,13 +83,15 @@ class ModelSpec:
             num_experts=n_routed,
             experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if n_routed else 0,
             num_shared_experts=int(cfg.get("n_shared_experts") or 0) if n_routed else 0,
-            moe_intermediate=int(cfg.get("moe_intermediate_size") or 0) if n_routed else 0,
+            moe_intermediate=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+                                 or 0) if n_routed else 0,
             first_dense_layers=int(cfg.get("first_k_dense_replace") or 0) if n_routed else 0,
             kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
             q_lora_rank=int(cfg.get("q_lora_rank") or 0),
             qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
             qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
             v_head_dim=int(cfg.get("v_head_dim") or 0),
+            hf_config=dict(cfg),
         )
 
     # ---- shape facts ----------------------------------------------------------------
@@ -151,49 +164,92 @@ CATALOG: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": dict(
         hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
         intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072,
-        torch_dtype="bfloat16"),
+        torch_dtype="bfloat16", architectures=["LlamaForCausalLM"]),
     "meta-llama/Llama-3.1-70B": dict(
         hidden_size=8192, num_attention_heads=64, num_key_value_heads=8, num_hidden_layers=80,
         intermediate_size=28672, vocab_size=128256, max_position_embeddings=131072,
-        torch_dtype="bfloat16"),
+        torch_dtype="bfloat16", architectures=["LlamaForCausalLM"]),
     "Qwen/Qwen3-8B": dict(
         hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=36,
         head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
-        torch_dtype="bfloat16"),
+        torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"]),
     "Qwen/Qwen3-32B": dict(
         hidden_size=5120, num_attention_heads=64, num_key_value_heads=8, num_hidden_layers=64,
         head_dim=128, intermediate_size=25600, vocab_size=151936, max_position_embeddings=40960,
-        torch_dtype="bfloat16"),
+        torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"]),
     # DeepSeek's 128k-context distillation on the Qwen2.5-32B architecture: the closest
     # DeepSeek model to the users' that fits 2x A100-80GB.
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B": dict(
         hidden_size=5120, num_attention_heads=40, num_key_value_heads=8, num_hidden_layers=64,
         intermediate_size=27648, vocab_size=152064, max_position_embeddings=131072,
-        torch_dtype="bfloat16"),
+        torch_dtype="bfloat16", architectures=["Qwen2ForCausalLM"]),
     "deepseek-ai/DeepSeek-V3": dict(
         hidden_size=7168, num_attention_heads=128, num_key_value_heads=128, num_hidden_layers=61,
         intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840,
         torch_dtype="bfloat16", quantization_config={"quant_method": "fp8"},
+        architectures=["DeepseekV3ForCausalLM"],
         n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
         moe_intermediate_size=2048, first_k_dense_replace=3, kv_lora_rank=512,
         q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
 }
 
 
+# Built-in ids whose aiconfigurator-core catalog file has another name.
+AIC_ALIASES = {
+    "meta-llama/Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+}
+
+
+def _aic_config_dir() -> Path | None:
+    try:
+        return Path(str(resources.files("aiconfigurator_core") / "model_configs"))
+    except ModuleNotFoundError:
+        return None
+
+
+def aic_catalog() -> list[str]:
+    """Hugging Face ids in aiconfigurator-core's model catalog (empty if not installed)."""
+    root = _aic_config_dir()
+    if root is None or not root.is_dir():
+        return []
+    names = (p.name.removesuffix("_config.json") for p in root.glob("*_config.json"))
+    return sorted(n.replace("--", "/", 1) for n in names if not n.endswith("_hf_quant"))
+
+
+def aic_model_id(name: str) -> str | None:
+    """The id under which aiconfigurator-core's catalog holds `name`, or None."""
+    name = AIC_ALIASES.get(name, name)
+    root = _aic_config_dir()
+    if root is None or "/" not in name:
+        return None
+    return name if (root / f"{name.replace('/', '--', 1)}_config.json").is_file() else None
+
+
 def get_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by Hugging Face id, or a local `config.json` (file or directory)."""
+    """A model by Hugging Face id (built-in catalog first, then aiconfigurator-core's
+    catalog), or a local `config.json` (file or directory)."""
     if name_or_path in CATALOG:
         return ModelSpec.from_hf_config(name_or_path, CATALOG[name_or_path])
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        try:
-            cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
-        return ModelSpec.from_hf_config(str(name_or_path), cfg)
+        return ModelSpec.from_hf_config(str(name_or_path), _read_json(path))
+    aic_id = aic_model_id(name_or_path)
+    if aic_id is not None:
+        cfg_path = _aic_config_dir() / f"{aic_id.replace('/', '--', 1)}_config.json"
+        return ModelSpec.from_hf_config(name_or_path, _read_json(cfg_path))
     raise ConfigError(
-        f"unknown model {name_or_path!r}: not in the catalog and no config.json there; "
-        f"catalog: {', '.join(CATALOG)}"
+        f"unknown model {name_or_path!r}: not in the built-in catalog ({', '.join(CATALOG)}), "
+        f"not in aiconfigurator-core's catalog ({len(aic_catalog())} models; "
+        f"`servetwin perf --list-models` lists them) and no config.json there"
     )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
