@@ -25,6 +25,11 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 RETRACT_DECODE_STEPS = 20  # ScheduleBatch.retract_decode
 LPM_FALLBACK_QUEUE_LEN = 128  # lpm falls back to fcfs above this many waiting requests
+# GPU memory already taken before SGLang loads weights (CUDA context, torch, NCCL): SGLang
+# sizes the pool from the memory *available* then, `profile_max_num_token`:
+# rest = avail_after_load - avail_before_load * (1 - mem_fraction_static). On 80 GB cards
+# SGLang logs "Load weight begin. avail mem=78.6 GB", i.e. about 1.4 GiB in use (estimate).
+PRELOAD_USED_BYTES = 1.4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -152,9 +157,11 @@ def default_mem_fraction(gpu_mem_mib: float, chunk: int, max_prefill: int, graph
                          tp: int) -> float:
     """SGLang 0.5.x's default `--mem-fraction-static`: everything but a reserve (MiB) for
     activations (1.5 x the chunk), CUDA-graph buffers (2 per graph batch) and per-rank
-    constants (512 + tp/8 GiB)."""
+    constants (512 + tp/8 GiB), at least 10 GiB on GPUs above 60 GiB."""
     reserved = 512 + max(chunk if chunk > 0 else max_prefill, 2048) * 1.5
     reserved += graph_bs * 2 + tp / 8 * 1024
+    if gpu_mem_mib > 60 * 1024:  # SGLang keeps at least 10 GiB free on large GPUs
+        reserved = max(reserved, 10 * 1024)
     return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
@@ -172,14 +179,15 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
     weights = model.weight_bytes_per_gpu(args.tp_size)
     kv_dtype_bytes = KV_CACHE_DTYPES[args.kv_cache_dtype] or 2
     kv_per_token = model.kv_bytes_per_token(args.tp_size, kv_dtype_bytes)
-    static = frac * gpu.mem_bytes
+    static = frac * (gpu.mem_bytes - PRELOAD_USED_BYTES)
     fit = int((static - weights) // kv_per_token) // args.page_size * args.page_size
     if fit <= 0:
         raise InfeasibleError(
             f"{model.name} does not fit on {args.tp_size}x {gpu.name}: weights need "
             f"{weights / GIB:.1f} GiB per GPU ({model.total_params() / 1e9:.0f}B params x "
             f"{model.weight_bytes_per_param:g} bytes / tp {args.tp_size}), but "
-            f"mem_fraction_static {frac:.3f} x {gpu.mem_gib:.0f} GiB leaves {static / GIB:.1f} "
+            f"mem_fraction_static {frac:.3f} x {(gpu.mem_bytes - PRELOAD_USED_BYTES) / GIB:.1f} "
+            f"GiB available at load leaves {static / GIB:.1f} "
             f"GiB for weights and KV cache; at least "
             f"{_min_tp(model, gpu, frac)} GPUs of this kind would be needed")
     total = fit
@@ -205,7 +213,8 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
 
 def _min_tp(model: ModelSpec, gpu: GpuSpec, frac: float) -> int:
     tp = 1
-    while model.weight_bytes_per_gpu(tp) >= frac * gpu.mem_bytes and tp < 1024:
+    while (model.weight_bytes_per_gpu(tp) >= frac * (gpu.mem_bytes - PRELOAD_USED_BYTES)
+           and tp < 1024):
         tp *= 2
     return tp
 
