@@ -1,0 +1,200 @@
+"""Per-request records, their summary, and time series, shared by the twin and live replays.
+
+A record is one JSON object per line with the fields of `RECORD_FIELDS`; the twin and the
+live recorder write the same schema, so `summarize` and comparisons treat both alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+RECORD_FIELDS = (
+    "rid", "arrival_s", "prompt_tokens", "cached_tokens", "output_tokens", "priority",
+    "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "retractions", "preemptions",
+    "status", "error",
+)
+STATUSES = ("ok", "rejected", "aborted", "failed")
+PERCENTILES = (50, 90, 99)
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
+    """Records from the replica's finished requests, in order of arrival (then rid).
+    Token times are rebuilt from each request's emission events over the replica's
+    step-end timeline."""
+    ends = np.asarray(step_end, dtype=float)
+    out = []
+    for r in sorted(finished, key=lambda r: (r.arrival_s, r.index)):
+        times = _token_times(r.tok_events, ends)
+        itl = np.diff(times) if len(times) > 1 else np.empty(0)
+        ok = r.status == "ok"
+        ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
+        e2e = r.finish_s - r.arrival_s if ok else None
+        n_out = len(times)
+        out.append({
+            "rid": r.rid,
+            "arrival_s": _r(r.arrival_s),
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "output_tokens": n_out,
+            "priority": r.priority,
+            "ttft_s": _r(ttft),
+            "tpot_s": _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None,
+            "itl_s": [round(float(x), 6) for x in itl],
+            "e2e_s": _r(e2e),
+            "queue_s": _r(r.first_admit_s - r.arrival_s) if r.first_admit_s is not None
+            else None,
+            "retractions": r.retractions,
+            "preemptions": r.preemptions,
+            "status": r.status,
+            "error": r.error,
+        })
+    return out
+
+
+def _token_times(events: list, ends: np.ndarray) -> np.ndarray:
+    parts = []
+    for ev in events:
+        if isinstance(ev, tuple):
+            parts.append(ends[ev[0]:ev[1]])
+        else:
+            parts.append(np.array([ev]))
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _pcts(values: Iterable[float | None]) -> dict[str, float | None]:
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    out: dict[str, float | None] = {}
+    for p in PERCENTILES:
+        out[f"p{p}"] = round(float(np.percentile(arr, p)), 6) if arr.size else None
+    out["mean"] = round(float(arr.mean()), 6) if arr.size else None
+    return out
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    def met(self, rec: dict) -> bool:
+        if rec["status"] != "ok":
+            return False
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            target = getattr(self, key)
+            if target is not None and rec[key] is not None and rec[key] > target:
+                return False
+        return True
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+
+
+def summarize(records: Sequence[dict], slo: SLO | None = None,
+              duration_s: float | None = None) -> dict:
+    """Latency percentiles (over `ok` requests; ITL over every token gap), throughput,
+    cached-token share, retractions and SLO attainment."""
+    ok = [r for r in records if r["status"] == "ok"]
+    status = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES}
+    if duration_s is None:
+        ends = [r["arrival_s"] + r["e2e_s"] for r in ok]
+        start = min((r["arrival_s"] for r in records), default=0.0)
+        duration_s = (max(ends) - start) if ends else 0.0
+    itl = np.concatenate([np.asarray(r["itl_s"] or [], dtype=float) for r in ok]) \
+        if ok else np.empty(0)
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    out_tokens = sum(r["output_tokens"] for r in ok)
+    summary = {
+        "requests": len(records),
+        "status": status,
+        "duration_s": round(duration_s, 6),
+        "throughput": {
+            "requests_per_s": round(len(ok) / duration_s, 6) if duration_s else None,
+            "input_tokens_per_s": round(prompt / duration_s, 3) if duration_s else None,
+            "output_tokens_per_s": round(out_tokens / duration_s, 3) if duration_s else None,
+        },
+        "ttft_s": _pcts(r["ttft_s"] for r in ok),
+        "tpot_s": _pcts(r["tpot_s"] for r in ok),
+        "itl_s": _pcts(itl.tolist()) if itl.size < 2_000_000 else _pcts_array(itl),
+        "e2e_s": _pcts(r["e2e_s"] for r in ok),
+        "queue_s": _pcts(r["queue_s"] for r in ok),
+        "cached_token_share": round(sum(r["cached_tokens"] for r in ok) / prompt, 6)
+        if prompt else None,
+        "retractions": sum(r["retractions"] for r in records),
+        "preemptions": sum(r["preemptions"] for r in records),
+    }
+    if slo is not None and slo.any():
+        summary["slo"] = {
+            "targets": {k: v for k, v in slo.__dict__.items() if v is not None},
+            "attainment": round(sum(slo.met(r) for r in records) / len(records), 6)
+            if records else None,
+        }
+    return summary
+
+
+def _pcts_array(arr: np.ndarray) -> dict[str, float | None]:
+    out: dict[str, float | None] = {f"p{p}": round(float(v), 6) for p, v in
+                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES))}
+    out["mean"] = round(float(arr.mean()), 6)
+    return out
+
+
+def write_records(path: Path, records: Sequence[dict]) -> None:
+    with path.open("w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def read_records(path: Path) -> list[dict]:
+    from twin.errors import TraceError
+
+    out = []
+    with path.open() as fh:
+        for line_no, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TraceError(str(path), line_no, "<line>", f"not JSON: {exc.msg}") from None
+            missing = [f for f in RECORD_FIELDS if f not in rec]
+            if missing:
+                raise TraceError(str(path), line_no, missing[0], "missing from the record")
+            out.append(rec)
+    return out
+
+
+SERIES_FIELDS = ("t_s", "running", "waiting", "kv_used_tokens", "radix_cached_tokens",
+                 "new_token_ratio")
+
+
+def format_summary(s: dict) -> str:
+    """A readable block for the terminal."""
+
+    def ms(d: dict) -> str:
+        return "  ".join(f"{k} {v * 1e3:9.1f}" if v is not None else f"{k}      -"
+                         for k, v in d.items())
+
+    st = s["status"]
+    lines = [
+        f"requests {s['requests']}: " + ", ".join(f"{k} {v}" for k, v in st.items()),
+        f"duration {s['duration_s']:.1f} s; throughput {s['throughput']['requests_per_s']} "
+        f"req/s, {s['throughput']['input_tokens_per_s']} input tok/s, "
+        f"{s['throughput']['output_tokens_per_s']} output tok/s",
+        "latency (ms):",
+    ]
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"):
+        lines.append(f"  {key[:-2]:6s} {ms(s[key])}")
+    lines.append(f"cached-token share {s['cached_token_share']}; retractions "
+                 f"{s['retractions']}; preemptions {s['preemptions']}")
+    if "slo" in s:
+        lines.append(f"SLO {s['slo']['targets']}: attainment {s['slo']['attainment']:.1%}")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Radix prefix cache over prompt segments, as SGLang's RadixCache works over tokens.
+
+A node holds one segment `(hash, n_tokens)`; a path from the root is a prefix. Requests
+lock the path they use (`lock`/`unlock` count references up to the root); unlocked leaves
+are evicted least-recently-used first, ties broken by creation order, so eviction is
+deterministic. Segments are atomic: sharing happens at segment boundaries, which is exact
+for the twin's requests because two requests share a segment only when they share its
+tokens. The cache counts tokens; the KV allocator is charged by the replica.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+Segment = tuple[int, int]
+
+
+class Node:
+    __slots__ = ("key", "tokens", "parent", "children", "lock", "last_access", "nid")
+
+    def __init__(self, key: Segment | None, parent: Node | None, nid: int, now: float) -> None:
+        self.key = key
+        self.tokens = key[1] if key else 0
+        self.parent = parent
+        self.children: dict[Segment, Node] = {}
+        self.lock = 0
+        self.last_access = now
+        self.nid = nid
+
+
+class RadixCache:
+    def __init__(self) -> None:
+        self.root = Node(None, None, 0, 0.0)
+        self.root.lock = 1  # never evicted
+        self._next_id = 1
+        self.total_tokens = 0
+        self.evictable_tokens = 0
+
+    # -- lookups ------------------------------------------------------------------------
+    def match(self, segments: Sequence[Segment], now: float) -> tuple[int, Node]:
+        """Longest cached leading run of `segments`: (tokens matched, deepest node)."""
+        node, matched = self.root, 0
+        for seg in segments:
+            child = node.children.get(seg)
+            if child is None:
+                break
+            node, matched = child, matched + child.tokens
+            node.last_access = now
+        return matched, node
+
+    def insert(self, segments: Sequence[Segment], now: float) -> tuple[Node, int]:
+        """Add the path for `segments`; returns (deepest node, tokens newly added). Segments
+        already present are shared: the caller frees its duplicate KV for them."""
+        node, added = self.root, 0
+        for seg in segments:
+            child = node.children.get(seg)
+            if child is None:
+                child = Node(seg, node, self._next_id, now)
+                self._next_id += 1
+                node.children[seg] = child
+                added += child.tokens
+                self.evictable_tokens += child.tokens  # new nodes start unlocked
+            child.last_access = now
+            node = child
+        self.total_tokens += added
+        return node, added
+
+    # -- references ---------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock == 0:
+                self.evictable_tokens -= node.tokens
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable_tokens += node.tokens
+            node = node.parent  # type: ignore[assignment]
+
+    # -- eviction -----------------------------------------------------------------------
+    def evict(self, n_tokens: int) -> int:
+        """Evict unlocked leaves, least recently used first, until `n_tokens` are freed or
+        nothing is evictable. Returns the tokens freed."""
+        heap = [(n.last_access, n.nid, n) for n in self._leaves() if n.lock == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < n_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            del parent.children[node.key]  # type: ignore[union-attr,index]
+            freed += node.tokens
+            if parent is not self.root and not parent.children and parent.lock == 0:
+                heapq.heappush(heap, (parent.last_access, parent.nid, parent))
+        self.total_tokens -= freed
+        self.evictable_tokens -= freed
+        return freed
+
+    def _leaves(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node is not self.root:
+                out.append(node)
+        return out
+
+    def check_integrity(self) -> None:
+        """Token totals match the tree; lock counts equal the locks of the subtrees."""
+        total = evictable = 0
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is self.root:
+                continue
+            assert node.lock >= 0, f"negative lock on node {node.nid}"
+            assert node.lock >= max((c.lock for c in node.children.values()), default=0), \
+                f"node {node.nid} locked less than a child"
+            total += node.tokens
+            evictable += node.tokens if node.lock == 0 else 0
+        assert total == self.total_tokens, (total, self.total_tokens)
+        assert evictable == self.evictable_tokens, (evictable, self.evictable_tokens)

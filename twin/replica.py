@@ -1,0 +1,550 @@
+"""One SGLang server as a SimPy process: SGLang 0.5.x's scheduler loop.
+
+Each iteration mirrors `Scheduler.get_next_batch_to_run`: pull the requests that arrived,
+try to build a prefill batch under SGLang's budgets (`PrefillAdder`: max prefill tokens,
+chunk size, running-request cap, KV room minus `new_token_ratio` x the running requests'
+future tokens); if one is built it runs (prefill takes precedence; `--enable-mixed-chunk`
+adds the decodes to it); otherwise the running batch decodes, retracting requests when KV
+runs out. Between events that change the batch, decode steps are advanced together: their
+durations come from the backend's vectorised `decode_times`.
+
+What is modelled and what is not is listed in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from twin import config as C
+from twin.config import Capacity, ServerArgs
+from twin.memory import KVAllocator, TokenPool
+from twin.perf import StepTimeModel
+from twin.policy import Policy, Snapshot
+from twin.prefix import RadixCache
+from twin.request_state import SimRequest
+from twin.source import Source
+
+CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+
+
+@dataclass
+class Counters:
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    mixed_steps: int = 0
+    retractions: int = 0
+    preemptions: int = 0
+    busy_s: float = 0.0
+
+
+class Adder:
+    """SGLang's `PrefillAdder` for one scheduling pass: the token budgets."""
+
+    def __init__(self, rep: Replica, mixed_bs: int) -> None:
+        self.rep = rep
+        cap = rep.cap
+        ratio = rep.new_token_ratio
+        self.total_offset = mixed_bs + sum(
+            min(r.remaining, C.CLIP_MAX_NEW_TOKENS) * ratio for r in rep.running)
+        self.cur_offset = mixed_bs
+        self.rem_input = cap.max_prefill_tokens - mixed_bs
+        chunk = cap.chunked_prefill_size
+        self.rem_chunk = None if chunk is None else chunk - mixed_bs
+        self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
+        self.new_chunked: SimRequest | None = None
+
+    def room(self) -> int:
+        return self.rep.alloc.available() + self.rep.evictable()
+
+    def rem_total(self) -> float:
+        return self.room() - self.total_offset
+
+    def state(self) -> str:
+        if self.rem_total() <= 0 or self.room() - self.cur_offset <= 0:
+            return NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return OTHER
+        return CONTINUE
+
+    def _take(self, extend: int, future: int) -> None:
+        extend = self.rep.ceil_page(extend)
+        self.total_offset += extend + future
+        self.cur_offset += extend
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+    def add_chunked(self, req: SimRequest) -> SimRequest | None:
+        left = req.fill_len - req.computed
+        truncated = self.rem_chunk is not None and left > self.rem_chunk
+        ext = min(left, self.rem_chunk) if self.rem_chunk is not None else left
+        self.can_run.append((req, ext))
+        self._take(ext, 0 if truncated else min(req.remaining, C.CLIP_MAX_NEW_TOKENS))
+        return req if truncated else None
+
+    def add_one(self, req: SimRequest) -> str:
+        extend = req.fill_len - req.prefix_len
+        input_tokens = self.rep.ceil_page(extend)
+        future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
+        total = extend + future
+        if total >= self.rem_total():
+            return NO_TOKEN
+        if input_tokens >= self.rem_input and self.can_run:
+            return OTHER
+        self.rep.lock(req, req.matched_node)
+        if total >= self.rem_total():
+            self.rep.unlock(req)
+            return NO_TOKEN
+        if self.rem_chunk is None or input_tokens <= self.rem_chunk:
+            self.can_run.append((req, extend))
+            self._take(extend, future)
+        else:
+            trunc = self.rem_chunk // self.rep.page * self.rep.page
+            if trunc <= 0:
+                self.rep.unlock(req)
+                return OTHER
+            self.can_run.append((req, trunc))
+            self.new_chunked = req
+            self._take(trunc, 0)
+        return self.state()
+
+
+class Replica:
+    """The simulated server. `run()` is its SimPy process; `finished` collects every
+    request that left (ok, rejected or aborted)."""
+
+    def __init__(self, env: simpy.Environment, args: ServerArgs, cap: Capacity,
+                 step_time: StepTimeModel, policy: Policy, source: Source,
+                 allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
+                 sample_every_s: float = 1.0, debug_checks: bool = False) -> None:
+        self.env, self.args, self.cap, self.st = env, args, cap, step_time
+        self.policy, self.source = policy, source
+        self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
+        self.tree = None if args.disable_radix_cache else RadixCache()
+        self.page = cap.page_size
+        self.horizon = horizon_s
+        self.debug = debug_checks
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.chunked: SimRequest | None = None
+        self.finished: list[SimRequest] = []
+        self.batch_full = False
+        self.shrunk = False  # the running batch lost requests since the last decode pass
+        self.preempt = args.enable_priority_scheduling
+        self.init_ratio = min(C.INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0)
+        self.min_ratio = min(self.init_ratio * C.MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / C.NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_ratio
+        self.step_end: list[float] = []  # end time of every step that decoded
+        self.counters = Counters()
+        self.series: list[tuple] = []  # (t, running, waiting, kv_used, cached, ratio)
+        self._sample_every = sample_every_s
+        self._next_sample = 0.0
+        self._n_seen = 0
+
+    # ---- memory helpers -------------------------------------------------------------
+    def ceil_page(self, n: int) -> int:
+        return -(-n // self.page) * self.page if self.page > 1 else n
+
+    def evictable(self) -> int:
+        return self.tree.evictable_tokens if self.tree else 0
+
+    def _take_kv(self, n: int) -> bool:
+        short = n - self.alloc.available()
+        if short > 0 and self.tree:
+            self.alloc.free(self.tree.evict(short))
+        return self.alloc.alloc(n)
+
+    def lock(self, req: SimRequest, node) -> None:
+        if self.tree and node is not None:
+            self.tree.lock(node)
+            req.node = node
+
+    def unlock(self, req: SimRequest) -> None:
+        if self.tree and req.node is not None:
+            self.tree.unlock(req.node)
+        req.node = None
+
+    def _match(self, req: SimRequest) -> None:
+        if self.tree is None:
+            req.prefix_len, req.matched_node = 0, None
+            return
+        n, node = self.tree.match(req.req.segments, self.env.now)
+        req.prefix_len, req.matched_node = n, node
+
+    # ---- the loop ---------------------------------------------------------------------
+    def run(self) -> Iterator[simpy.Event]:
+        while True:
+            now = self.env.now
+            self._pull_arrivals(now)
+            self._sample(now)
+            if self.horizon is not None and now >= self.horizon:
+                break
+            batch = self._schedule_prefill(now)
+            if batch:
+                yield from self._run_prefill(batch)
+            elif self.running or self.shrunk:
+                yield from self._run_decode()
+            else:
+                self.batch_full = False
+                self.new_token_ratio = self.init_ratio  # SGLang re-inits when idle
+                nxt = self.source.next_time()
+                if nxt is None:
+                    if not self.waiting and self.chunked is None:
+                        break
+                    self._reject_stuck()
+                    continue
+                if self.horizon is not None:
+                    nxt = min(nxt, self.horizon)
+                yield self.env.timeout(max(nxt - now, 0.0))
+        self._end(self.env.now)
+
+    def _pull_arrivals(self, now: float) -> None:
+        for sent, req in self.source.pop_ready(now):
+            r = SimRequest(req, sent, self._n_seen)
+            self._n_seen += 1
+            if not self._validate(r):
+                continue
+            self.waiting.append(r)
+
+    def _validate(self, r: SimRequest) -> bool:
+        """SGLang's input checks: too long a prompt is refused; `max_new_tokens` beyond the
+        request length limit is clipped by SGLang (and the record says so)."""
+        cap = self.cap
+        if r.prompt_tokens >= cap.max_req_input_len:
+            self._leave(r, "rejected", f"prompt of {r.prompt_tokens} tokens exceeds SGLang's "
+                        f"max_req_input_len {cap.max_req_input_len} (context_len "
+                        f"{cap.context_len}, max_total_num_tokens {cap.max_total_num_tokens})")
+            return False
+        max_req_len = min(cap.context_len, cap.max_total_num_tokens)
+        room = max_req_len - r.prompt_tokens - 1
+        if r.max_new_tokens > room:
+            r.error = (f"max_new_tokens clipped by SGLang from {r.max_new_tokens} to {room} "
+                       f"(max_req_len {max_req_len})")
+            r.max_new_tokens = room
+        return True
+
+    # ---- prefill ----------------------------------------------------------------------
+    def _schedule_prefill(self, now: float) -> list[tuple[SimRequest, int]] | None:
+        if self.chunked is not None:
+            self.batch_full = False  # SGLang frees the chunked request's slot each pass
+        elif not self.waiting or (self.batch_full and not self.preempt):
+            return None
+        running_bs = len(self.running)
+        if running_bs >= self.cap.max_running_requests and self.chunked is None \
+                and not self.preempt:
+            self.batch_full = True
+            return None
+        self._order_waiting(now)
+        mixed = running_bs if (self.args.enable_mixed_chunk and self.running) else 0
+        adder = Adder(self, mixed)
+        if self.chunked is not None:
+            self.chunked = adder.add_chunked(self.chunked)
+        for req in list(self.waiting):
+            if len(adder.can_run) + len(self.running) >= self.cap.max_running_requests:
+                self.batch_full = True
+            if self.batch_full and not (self.preempt and self._try_preempt(req, adder)):
+                break
+            if not self.policy.wants_prefix_match(len(self.waiting)):
+                self._match(req)
+            res = adder.add_one(req)
+            if res != CONTINUE:
+                if res == NO_TOKEN:
+                    self.batch_full = True
+                break
+        if adder.new_chunked is not None:
+            self.chunked = adder.new_chunked
+        if not adder.can_run:
+            return None
+        admitted = {id(r) for r, _ in adder.can_run}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        return adder.can_run
+
+    def _order_waiting(self, now: float) -> None:
+        if self.policy.wants_prefix_match(len(self.waiting)):
+            for r in self.waiting:
+                self._match(r)
+        snap = Snapshot(now, self.waiting, self.running, self.alloc.available(),
+                        self.cap.max_total_num_tokens)
+        order = self.policy.order(snap)
+        self.waiting = [self.waiting[i] for i in order]
+
+    def _try_preempt(self, req: SimRequest, adder: Adder) -> bool:
+        """Priority preemption (`PrefillAdder.preempt_to_schedule`), decided by the policy."""
+        self._match(req)
+        need_slot = len(adder.can_run) + len(self.running) >= self.cap.max_running_requests
+        needed = (req.fill_len - req.prefix_len + min(req.remaining, C.CLIP_MAX_NEW_TOKENS)
+                  - adder.rem_total())
+        if needed <= 0 and not need_slot:
+            self.batch_full = False
+            return True
+        for r in self.running:
+            r.tokens_held = r.private + int(min(r.remaining, C.CLIP_MAX_NEW_TOKENS)
+                                            * self.new_token_ratio)
+        snap = Snapshot(self.env.now, self.waiting, self.running, self.alloc.available(),
+                        self.cap.max_total_num_tokens)
+        victims = self.policy.victims(snap, req, max(math.ceil(needed), 1))
+        if not victims:
+            return False
+        for i in sorted(victims, reverse=True):
+            victim = self.running.pop(i)
+            adder.total_offset -= min(victim.remaining, C.CLIP_MAX_NEW_TOKENS) * \
+                self.new_token_ratio
+            self._release_to_queue(victim, preempted=True)
+        self.batch_full = False
+        return True
+
+    def _run_prefill(self, batch: list[tuple[SimRequest, int]]) -> Iterator[simpy.Event]:
+        now = self.env.now
+        for req, ext in list(batch):
+            if req.computed == 0:  # a new round: its matched prefix is cached
+                req.computed = req.prefix_len
+                req.cached_tokens += req.prefix_len
+                if req.first_admit_s is None:
+                    req.first_admit_s = now
+            if not self._take_kv(self.ceil_page(ext)) and not self._make_room(
+                    self.ceil_page(ext)):
+                batch.remove((req, ext))
+                self._abort_prefill(req)
+                continue
+            req.private += self.ceil_page(ext)
+        decoders = self.running if self.args.enable_mixed_chunk else []
+        if decoders:
+            if self.alloc.available() + self.evictable() < len(decoders):
+                self._retract()
+                decoders = self.running
+            self._take_kv(len(decoders))
+        if not batch:
+            return
+        chunks = [(ext, req.computed) for req, ext in batch]
+        dur = self.st.step_time(chunks, [r.fill_len for r in decoders])
+        if decoders:
+            self.counters.mixed_steps += 1
+        else:
+            self.counters.prefill_steps += 1
+        self.counters.busy_s += dur
+        yield self.env.timeout(dur)
+        end = self.env.now
+        if decoders:
+            self.step_end.append(end)
+            self._advance(decoders, 1)
+        for req, ext in batch:
+            req.computed += ext
+            if req is self.chunked:
+                continue
+            self._prefill_done(req, end)
+        if decoders:
+            self._finish_done(end)
+
+    def _prefill_done(self, req: SimRequest, end: float) -> None:
+        """The round's prefill completed: the next token is out, the prompt is cached."""
+        req.generated_tokens += 1
+        req.tok_events.append(end)
+        if req.first_token_s is None:
+            req.first_token_s = end
+        if self.tree is not None:
+            node, added = self.tree.insert(req.req.segments, end)
+            own_prompt = req.prompt_tokens - req.prefix_len
+            dup = own_prompt - added
+            if dup:
+                self.alloc.free(dup)  # another request cached these segments meanwhile
+            req.private -= own_prompt
+            old = req.node
+            self.tree.lock(node)
+            req.node = node
+            if old is not None:
+                self.tree.unlock(old)
+        if req.remaining <= 0:
+            self._finish(req, end)
+        else:
+            req.dec_start = len(self.step_end)
+            self.running.append(req)
+
+    # ---- decode -----------------------------------------------------------------------
+    def _run_decode(self) -> Iterator[simpy.Event]:
+        if self.shrunk:
+            self.shrunk = False
+            self.batch_full = False
+            if not self.running:
+                return
+        b = len(self.running)
+        room = self.alloc.available() + self.evictable()
+        if room < b:
+            self._retract()
+            b = len(self.running)
+            if not b:
+                return
+            room = self.alloc.available() + self.evictable()
+        k = min(min(r.remaining for r in self.running), room // b)
+        kv0 = sum(r.fill_len for r in self.running)
+        times = self.st.decode_times(b, kv0 + b * np.arange(k))
+        ends = self.env.now + np.cumsum(times)
+        limit = self._next_boundary()
+        if limit is not None and ends[-1] > limit:
+            k = int(np.searchsorted(ends, limit, side="left")) + 1
+            k = min(k, len(ends))
+        self._take_kv(b * k)
+        self.step_end.extend(ends[:k].tolist())
+        dur = float(ends[k - 1]) - self.env.now
+        self.counters.decode_steps += k
+        self.counters.busy_s += dur
+        self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
+        self._advance(self.running, k)
+        yield self.env.timeout(dur)
+        self._finish_done(self.env.now)
+
+    def _next_boundary(self) -> float | None:
+        """The time at which a decode run must stop to let the scheduler look again."""
+        candidates = [self._next_sample]
+        if self.horizon is not None:
+            candidates.append(self.horizon)
+        if not self.batch_full or self.preempt:
+            nxt = self.source.next_time()
+            if nxt is not None:
+                candidates.append(nxt)
+        return min(candidates)
+
+    def _advance(self, reqs: list[SimRequest], k: int) -> None:
+        for r in reqs:
+            r.generated_tokens += k
+            r.private += k
+
+    def _finish_done(self, now: float) -> None:
+        done = [r for r in self.running if r.remaining <= 0]
+        if not done:
+            return
+        self.running = [r for r in self.running if r.remaining > 0]
+        self.shrunk = True
+        for r in done:
+            self._finish(r, now)
+
+    def _retract(self) -> None:
+        """SGLang's `retract_decode`: fewest generated tokens first (ties: longest prompt),
+        until the rest can decode one more step; then re-estimate `new_token_ratio`."""
+        order = sorted(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens),
+                       reverse=True)
+        first = True
+        while first or self.alloc.available() + self.evictable() < len(order):
+            first = False
+            if len(order) == 1:
+                victim = order.pop()
+                self._close_tokens(victim)
+                self._release_kv(victim)
+                self._leave(victim, "aborted", "KV cache too small to decode even this "
+                            "request alone")
+                break
+            victim = order.pop()
+            self._release_to_queue(victim, preempted=False)
+        self.running = [r for r in self.running if r in order]
+        self.shrunk = True
+        if order:
+            gen = sum(r.generated_tokens for r in order)
+            max_new = sum(r.max_new_tokens for r in order)
+            self.new_token_ratio = min(1.0, (gen + C.RETRACT_DECODE_STEPS * len(order))
+                                       / max_new)
+
+    def _make_room(self, n: int) -> bool:
+        """A prefill chunk found no KV (possible for a chunked request's later chunks, which
+        SGLang's budget does not reserve): retract running requests for it, fewest
+        generated tokens first. False when even that is not enough."""
+        while self.alloc.available() + self.evictable() < n and self.running:
+            victim = min(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens))
+            self.running.remove(victim)
+            self._release_to_queue(victim, preempted=False)
+            self.shrunk = True
+        return self._take_kv(n)
+
+    def _abort_prefill(self, req: SimRequest) -> None:
+        if req is self.chunked:
+            self.chunked = None
+        self._release_kv(req)
+        self._leave(req, "aborted", "prefill out of memory: the KV pool cannot hold the "
+                    "next chunk even after retracting every running request")
+
+    # ---- leaving the batch --------------------------------------------------------------
+    def _close_tokens(self, r: SimRequest) -> None:
+        if r.dec_start >= 0:
+            r.tok_events.append((r.dec_start, len(self.step_end)))
+            r.dec_start = -1
+
+    def _release_kv(self, r: SimRequest) -> None:
+        self.alloc.free(r.private)
+        r.private = 0
+        self.unlock(r)
+
+    def _release_to_queue(self, r: SimRequest, preempted: bool) -> None:
+        self._close_tokens(r)
+        self._release_kv(r)
+        r.computed = 0
+        r.queue_entry_s = self.env.now
+        if preempted:
+            r.preemptions += 1
+            self.counters.preemptions += 1
+        else:
+            r.retractions += 1
+            self.counters.retractions += 1
+        self.waiting.append(r)
+
+    def _finish(self, r: SimRequest, now: float) -> None:
+        self._close_tokens(r)
+        if self.tree is not None and r.private > 0:
+            # SGLang caches the finished sequence; outputs are unique to the request
+            segs = r.req.segments + ((-(r.index + 1), r.private),)
+            node, added = self.tree.insert(segs, now)
+            self.alloc.free(r.private - added)
+            r.private = 0
+        self._release_kv(r)
+        r.finish_s = now
+        self._leave(r, "ok", r.error)
+
+    def _leave(self, r: SimRequest, status: str, error: str) -> None:
+        r.status, r.error = status, error
+        if r.finish_s is None:
+            r.finish_s = self.env.now
+        self.finished.append(r)
+        self.source.finished(self.env.now)
+
+    def _reject_stuck(self) -> None:
+        """Nothing runs and nothing can be admitted: should not happen after `_validate`;
+        if it does, the head request leaves with the numbers instead of hanging."""
+        r = self.waiting.pop(0)
+        self._leave(r, "aborted", f"could not be admitted into an idle server: needs "
+                    f"{r.fill_len - r.prefix_len} + {min(r.remaining, C.CLIP_MAX_NEW_TOKENS)} "
+                    f"tokens, KV room {self.alloc.available() + self.evictable()}")
+
+    def _end(self, now: float) -> None:
+        for r in [*self.running, *([self.chunked] if self.chunked else []), *self.waiting]:
+            self._close_tokens(r)
+            self._leave(r, "aborted", f"simulation horizon {self.horizon}s reached")
+        while not self.source.exhausted:  # closed loop: each leave releases the next one
+            for sent, req in self.source.pop_ready(math.inf):
+                r = SimRequest(req, sent, self._n_seen)
+                self._n_seen += 1
+                self._leave(r, "aborted", f"not sent before the horizon {self.horizon}s")
+        self.running, self.waiting, self.chunked = [], [], None
+
+    # ---- observation ------------------------------------------------------------------
+    def _sample(self, now: float) -> None:
+        if now < self._next_sample:
+            return
+        cached = self.tree.total_tokens if self.tree else 0
+        self.series.append((round(now, 6), len(self.running), len(self.waiting),
+                            self.alloc.stats().used, cached, round(self.new_token_ratio, 4)))
+        self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
+        if self.debug:
+            self.check_integrity()
+
+    def check_integrity(self) -> None:
+        self.alloc.check_integrity()
+        tree_tokens = self.tree.total_tokens if self.tree else 0
+        live = [*self.running, *self.waiting, *([self.chunked] if self.chunked else [])]
+        private = sum(r.private for r in live)
+        assert self.alloc.stats().used == tree_tokens + private, (
+            self.alloc.stats().used, tree_tokens, private)
+        if self.tree:
+            self.tree.check_integrity()

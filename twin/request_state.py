@@ -1,0 +1,58 @@
+"""A request's state inside the simulated server (the twin's counterpart of SGLang's `Req`).
+
+It exposes the `twin.policy.RequestView` attributes so policies read it directly.
+"""
+
+from __future__ import annotations
+
+from twin.prefix import Node
+from twin.workload import Request
+
+
+class SimRequest:
+    __slots__ = (
+        "req", "rid", "priority", "arrival_s", "queue_entry_s", "prompt_tokens",
+        "max_new_tokens", "generated_tokens", "prefix_len", "tokens_held", "index",
+        "cached_tokens", "retractions", "preemptions", "status", "error",
+        "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
+        "node", "computed", "private", "matched_node",
+    )
+
+    def __init__(self, req: Request, sent_s: float, index: int) -> None:
+        self.req = req
+        self.rid = req.rid
+        self.priority = req.priority
+        self.arrival_s = sent_s
+        self.queue_entry_s = sent_s
+        self.prompt_tokens = req.prompt_tokens
+        self.max_new_tokens = req.output_tokens
+        self.generated_tokens = 0
+        self.prefix_len = 0
+        self.tokens_held = 0
+        self.index = index
+        self.cached_tokens = 0
+        self.retractions = 0
+        self.preemptions = 0
+        self.status = ""
+        self.error = ""
+        self.first_admit_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        # token emission times: a float (a prefill step's end) or (a, b), the decode steps
+        # [a, b) of the replica's step-end timeline the request took part in
+        self.tok_events: list = []
+        self.dec_start = -1
+        self.node: Node | None = None  # locked radix node of the current round
+        self.matched_node: Node | None = None  # node found by the last prefix match
+        self.computed = 0  # tokens of this round's fill whose KV exists
+        self.private = 0  # KV tokens owned by the request, not by the radix cache
+
+    @property
+    def fill_len(self) -> int:
+        """Tokens whose KV a (re-)admission must hold before the next token: the prompt
+        plus everything generated so far (SGLang recomputes outputs after a retraction)."""
+        return self.prompt_tokens + self.generated_tokens
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.generated_tokens

@@ -1,0 +1,87 @@
+"""Run one simulation: a workload through one simulated SGLang server."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import simpy
+
+from twin.config import Capacity, ServerArgs, derive_capacity
+from twin.memory import ALLOCATORS
+from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
+from twin.perf import StepTimeModel, make_step_time
+from twin.policy import make_policy
+from twin.replica import Replica
+from twin.source import Source
+from twin.workload import Workload
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    args: ServerArgs = field(default_factory=ServerArgs)
+    gpu: str = "a100-pcie-80gb"
+    step_time_backend: str | None = None  # None: the best backend with data for the setup
+    kv_allocator: str = "token"
+    horizon_s: float | None = None
+    sample_every_s: float = 1.0
+    debug_checks: bool = False
+
+
+@dataclass
+class SimResult:
+    records: list[dict]
+    summary: dict
+    series: list[tuple]
+    capacity: Capacity
+    backend: str
+    counters: dict
+
+    def write(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_records(out / "requests.jsonl", self.records)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        with (out / "timeseries.csv").open("w") as fh:
+            fh.write(",".join(SERIES_FIELDS) + "\n")
+            for row in self.series:
+                fh.write(",".join(str(x) for x in row) + "\n")
+
+
+def choose_backend(cfg: SimConfig, cap: Capacity) -> str:
+    if cfg.step_time_backend:
+        return cfg.step_time_backend
+    try:
+        from twin.perf import default_backend  # provided by the opdb backend when present
+    except ImportError:
+        return "roofline"
+    return default_backend(cap)
+
+
+def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
+                  step_time: StepTimeModel | None = None) -> tuple[Replica, str]:
+    cap = derive_capacity(cfg.args, cfg.gpu)
+    backend = choose_backend(cfg, cap)
+    st = step_time or make_step_time(backend, cap, cfg.args)
+    policy = make_policy(cfg.args.schedule_policy,
+                         priority_scheduling=cfg.args.enable_priority_scheduling,
+                         low_values_first=cfg.args.schedule_low_priority_values_first,
+                         preemption_threshold=cfg.args.priority_scheduling_preemption_threshold)
+    alloc = ALLOCATORS[cfg.kv_allocator](cap.max_total_num_tokens)
+    rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
+                  horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
+                  debug_checks=cfg.debug_checks)
+    return rep, getattr(st, "name", backend)
+
+
+def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
+             step_time: StepTimeModel | None = None) -> SimResult:
+    env = simpy.Environment()
+    rep, backend = build_replica(env, workload, cfg, step_time)
+    env.process(rep.run())
+    env.run()
+    records = twin_records(rep.finished, rep.step_end)
+    counters = dict(rep.counters.__dict__)
+    summary = summarize(records, slo)
+    summary["engine"] = {"backend": backend, "gpu": cfg.gpu, **counters}
+    return SimResult(records, summary, rep.series, rep.cap, backend, counters)

@@ -1,0 +1,55 @@
+"""Where requests come from: open-loop arrival times, or closed-loop clients.
+
+The replica pulls from a `Source` at every step boundary, so an arrival is seen at the
+first scheduling pass at or after its time, as SGLang's scheduler sees requests that came
+in while a forward step ran.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from twin.workload import Request, Workload
+
+
+class Source:
+    """Releases the workload's requests in order. Closed loop (`concurrency` set): at most
+    that many in flight; a request is sent at the later of its arrival time and the moment
+    a slot frees (`bench_serving --max-concurrency`)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self._pending = deque(workload.requests)
+        self._limit = workload.concurrency
+        self._in_flight = 0
+        self._ready: list[tuple[float, int, Request]] = []  # (send time, seq, request)
+        self._seq = 0
+        self._fill(0.0)
+
+    def _fill(self, now: float) -> None:
+        while self._pending and (self._limit is None or self._in_flight < self._limit):
+            req = self._pending.popleft()
+            self._in_flight += 1
+            heapq.heappush(self._ready, (max(req.arrival_s, now), self._seq, req))
+            self._seq += 1
+
+    def next_time(self) -> float | None:
+        """Send time of the next request, or None when nothing more will be sent until a
+        request finishes (closed loop) or ever (open loop, exhausted)."""
+        return self._ready[0][0] if self._ready else None
+
+    def pop_ready(self, now: float) -> list[tuple[float, Request]]:
+        out = []
+        while self._ready and self._ready[0][0] <= now:
+            t, _, req = heapq.heappop(self._ready)
+            out.append((t, req))
+        return out
+
+    def finished(self, now: float) -> None:
+        """A request left the system: a closed-loop client sends its next one."""
+        self._in_flight -= 1
+        self._fill(now)
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._pending and not self._ready
