@@ -73,6 +73,16 @@ def make_step_time(name: str, capacity: Capacity, args: ServerArgs) -> StepTimeM
     return _BACKENDS[name](capacity, args)
 
 
+def default_backend(capacity: Capacity) -> str:
+    """`opdb` where aiconfigurator-core's measured data covers the model, GPU and dtypes,
+    else `roofline`. Costs a model compile (under a second); call once per run."""
+    try:
+        from twin.perf.opdb import covers
+    except ModuleNotFoundError:
+        return "roofline"
+    return "opdb" if covers(capacity) is None else "roofline"
+
+
 def _load_builtin() -> None:
     import importlib
 

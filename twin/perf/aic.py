@@ -206,8 +206,9 @@ def _one_line(exc: Exception) -> str:
 def measured_extents(system: str, model: ModelSpec, tp: int) -> Extents:
     """Largest measured shapes in the parquet tables this model's queries use."""
     try:
-        import pandas as pd
         from importlib import resources
+
+        import pandas as pd
 
         root = Path(str(resources.files("aiconfigurator_core"))) / "systems" / "data" / system
     except ModuleNotFoundError:

@@ -289,3 +289,24 @@ class OpdbStepTime:
 @register_backend("opdb")
 def _make(capacity: Capacity, args: ServerArgs) -> OpdbStepTime:
     return OpdbStepTime(capacity, args)
+
+
+def covers(capacity: Capacity, quantization: str | None = None) -> str | None:
+    """None when aiconfigurator-core's data covers this model, GPU and dtypes; otherwise
+    the reason it does not."""
+    from twin.perf import aic
+
+    c = capacity
+    system, _, _ = system_for(c.gpu.name, c.gpu.aiconfigurator_system)
+    if system is None:
+        return f"no aiconfigurator-core data for {c.gpu.name}"
+    kv_dtype_bytes = c.kv_bytes_per_token / c.model.kv_bytes_per_token(c.tp_size, 1.0)
+    if quantization is None and c.model.weight_bytes_per_param < 2 and not c.model.hf_config.get(
+            "quantization_config"):
+        quantization = "fp8" if c.model.weight_bytes_per_param == 1 else "awq"
+    try:
+        aic.compile_model(c.model, system, c.tp_size,
+                          aic.quant_modes(c.model, kv_dtype_bytes, quantization))
+    except ConfigError as exc:
+        return str(exc)
+    return None
