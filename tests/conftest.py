@@ -17,6 +17,16 @@ NO_LIVE_ENV = "SERVETWIN_NO_LIVE"
 
 
 @pytest.fixture(scope="session")
+def cpu_harness() -> object:
+    """The installed CPU harness (`runtime.cpu.install.Harness`), without a server."""
+    if os.environ.get(NO_LIVE_ENV) == "1":
+        pytest.skip(f"live SGLang tests switched off by {NO_LIVE_ENV}=1")
+    from runtime.cpu.install import require_harness
+
+    return require_harness()
+
+
+@pytest.fixture(scope="session")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A running CPU SGLang server: `.url`, `.port`, `.log_path`."""
     if os.environ.get(NO_LIVE_ENV) == "1":

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from runtime.cpu.model import DEFAULT_SPEC, FIRST_ORDINARY_ID
+from runtime.cpu.model import DEFAULT_SPEC, FIRST_ORDINARY_ID, create_model_dir
 
 pytestmark = pytest.mark.live
 
@@ -88,3 +88,11 @@ def test_metrics_expose_sglang_gauges(sglang_server):
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
         assert f"\n{name}" in text or text.startswith(name)
     assert "sglang:time_to_first_token_seconds_bucket" in text
+
+
+def test_model_dir_is_deterministic_with_a_full_vocab(cpu_harness, tmp_path):
+    fresh = create_model_dir(tmp_path / "model", python=cpu_harness.python)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (fresh / name).read_bytes() == (cpu_harness.model_dir / name).read_bytes()
+    vocab = json.loads((fresh / "tokenizer.json").read_text())["model"]["vocab"]
+    assert sorted(vocab.values()) == list(range(DEFAULT_SPEC.vocab_size))
