@@ -228,7 +228,8 @@ def measured_extents(system: str, model: ModelSpec, tp: int) -> Extents:
                 best = max(best, int(df[column].max()))
         return best
 
-    heads = {"num_heads": max(1, model.num_heads // tp)}
+    heads = {"num_heads": max(1, model.num_heads // tp),
+             "num_key_value_heads": max(1, model.num_kv_heads // tp)}
     fam = "mla" if model.is_mla else "attention"
     return Extents(
         gemm_tokens=col_max("gemm/sglang/*/gemm_perf.parquet", "m"),

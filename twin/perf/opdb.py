@@ -77,8 +77,11 @@ def _grid(lo: int, hi: int, ratio: float, dense_to: int = 0) -> np.ndarray:
 
 
 def _isotonic(y: np.ndarray) -> np.ndarray:
-    from scipy.optimize import isotonic_regression
-
+    """Least-squares non-decreasing fit (running maximum where scipy < 1.12)."""
+    try:
+        from scipy.optimize import isotonic_regression
+    except ImportError:
+        return np.maximum.accumulate(y)
     return np.asarray(isotonic_regression(y).x)
 
 
@@ -270,7 +273,7 @@ class OpdbStepTime:
         phase = self.tok["ctx" if has_prefill else "gen"]
         parts = {g: self._tokens(phase[g], tokens, g) for g in ("gemm", "norms", "allreduce")}
         parts["lm_head"] = self._tokens(self.head, rows, "lm head")
-        parts["prefill_attention"] = sum(self._ctx_attention(n, p) for n, p in prefill_chunks)
+        parts["prefill_attention"] = sum((self._ctx_attention(n, p) for n, p in prefill_chunks), 0.0)
         mean = sum(decode_kv_lens) / n_dec if n_dec else 0.0
         parts["decode_attention"] = (float(np.interp(mean, self.ds, self._decode_row(n_dec)))
                                      if n_dec else 0.0)
