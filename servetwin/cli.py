@@ -47,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:
         argv = ["simulate"]  # the built-in default: the finance-qa workload
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "_accepts_extra", False):
+        sub = getattr(args, "_parser", parser)
+        valid = sorted({o for a in sub._actions for o in a.option_strings if o.startswith("--")})
+        print(f"{sub.prog}: error: unknown argument(s): {' '.join(extra)}\n"
+              f"valid flags: {' '.join(valid)}", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

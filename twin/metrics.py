@@ -48,7 +48,7 @@ def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
             "priority": r.priority,
             "ttft_s": _r(ttft),
             "tpot_s": _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None,
-            "itl_s": [round(float(x), 6) for x in itl],
+            "itl_s": np.round(itl, 6).tolist(),
             "e2e_s": _r(e2e),
             "queue_s": _r(r.first_admit_s - r.arrival_s) if r.first_admit_s is not None
             else None,

@@ -34,8 +34,12 @@ class RadixCache:
         self.root = Node(None, None, 0, 0.0)
         self.root.lock = 1  # never evicted
         self._next_id = 1
+        self.n_nodes = 0
         self.total_tokens = 0
         self.evictable_tokens = 0
+        # candidate leaves for eviction, (last_access, nid, node); entries go stale when a
+        # node gains children, is locked, is touched again or is removed, and are skipped
+        self._lru: list[tuple[float, int, Node]] = []
 
     # -- lookups ------------------------------------------------------------------------
     def match(self, segments: Sequence[Segment], now: float) -> tuple[int, Node]:
@@ -47,6 +51,8 @@ class RadixCache:
                 break
             node, matched = child, matched + child.tokens
             node.last_access = now
+        if node is not self.root and not node.children and node.lock == 0:
+            heapq.heappush(self._lru, (now, node.nid, node))
         return matched, node
 
     def insert(self, segments: Sequence[Segment], now: float) -> tuple[Node, int]:
@@ -58,12 +64,15 @@ class RadixCache:
             if child is None:
                 child = Node(seg, node, self._next_id, now)
                 self._next_id += 1
+                self.n_nodes += 1
                 node.children[seg] = child
                 added += child.tokens
                 self.evictable_tokens += child.tokens  # new nodes start unlocked
             child.last_access = now
             node = child
         self.total_tokens += added
+        if node is not self.root and not node.children and node.lock == 0:
+            heapq.heappush(self._lru, (now, node.nid, node))
         return node, added
 
     # -- references ---------------------------------------------------------------------
@@ -75,6 +84,8 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: Node) -> None:
+        if not node.children and node is not self.root and node.lock == 1:
+            heapq.heappush(self._lru, (node.last_access, node.nid, node))
         while node is not self.root:
             node.lock -= 1
             if node.lock == 0:
@@ -85,13 +96,20 @@ class RadixCache:
     def evict(self, n_tokens: int) -> int:
         """Evict unlocked leaves, least recently used first, until `n_tokens` are freed or
         nothing is evictable. Returns the tokens freed."""
-        heap = [(n.last_access, n.nid, n) for n in self._leaves() if n.lock == 0]
-        heapq.heapify(heap)
+        heap = self._lru
+        if len(heap) > 4 * self.n_nodes + 64:  # rare: drop stale entries
+            heap[:] = [(n.last_access, n.nid, n) for n in self._leaves() if n.lock == 0]
+            heapq.heapify(heap)
         freed = 0
         while freed < n_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+            t, _, node = heapq.heappop(heap)
+            if (node.parent is None or node.lock or node.children or t != node.last_access
+                    or node.parent.children.get(node.key) is not node):
+                continue  # stale entry
             parent = node.parent
-            del parent.children[node.key]  # type: ignore[union-attr,index]
+            del parent.children[node.key]  # type: ignore[index]
+            node.parent = None
+            self.n_nodes -= 1
             freed += node.tokens
             if parent is not self.root and not parent.children and parent.lock == 0:
                 heapq.heappush(heap, (parent.last_access, parent.nid, parent))

@@ -146,6 +146,7 @@ class Replica:
         self._sample_every = sample_every_s
         self._next_sample = 0.0
         self._n_seen = 0
+        self.progress = None  # optional callback(done, sim_time)
 
     # ---- memory helpers -------------------------------------------------------------
     def ceil_page(self, n: int) -> int:
@@ -538,6 +539,8 @@ class Replica:
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.debug:
             self.check_integrity()
+        if self.progress is not None:
+            self.progress(len(self.finished), now)
 
     def check_integrity(self) -> None:
         self.alloc.check_integrity()

@@ -75,9 +75,11 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
 
 
 def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
-             step_time: StepTimeModel | None = None) -> SimResult:
+             step_time: StepTimeModel | None = None, progress=None) -> SimResult:
+    """Simulate `workload`; `progress(done, sim_time)` is called at every sample."""
     env = simpy.Environment()
     rep, backend = build_replica(env, workload, cfg, step_time)
+    rep.progress = progress
     env.process(rep.run())
     env.run()
     records = twin_records(rep.finished, rep.step_end)

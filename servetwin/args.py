@@ -1,0 +1,61 @@
+"""Command-line flags shared by several commands: SGLang's server arguments by their own
+names, generated from `twin.config.ServerArgs` so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from twin.config import KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULE_POLICIES, ServerArgs
+from twin.hardware import GPUS
+
+CHOICES = {
+    "schedule_policy": SCHEDULE_POLICIES,
+    "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
+    "quantization": tuple(q for q in QUANTIZATIONS if q),
+}
+HELP = {
+    "model_path": "Hugging Face id from the catalog or a local dir/config.json",
+    "tp_size": "tensor-parallel size (GPUs per replica)",
+    "mem_fraction_static": "share of GPU memory for weights + KV (default: SGLang's rule)",
+    "max_total_tokens": "KV pool size in tokens (default: what fits)",
+    "chunked_prefill_size": "max tokens per prefill chunk; -1 disables (default by GPU)",
+    "max_running_requests": "cap on running requests (default: SGLang's rule)",
+}
+# The users' deployment differs from SGLang's defaults here (shown in --help).
+DEPLOYMENT_DEFAULTS = {"tp_size": 2}
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("SGLang server arguments (SGLang's names and defaults)")
+    hints = typing.get_type_hints(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        default = DEPLOYMENT_DEFAULTS.get(f.name, f.default)
+        help_text = HELP.get(f.name, "")
+        if f.name in DEPLOYMENT_DEFAULTS:
+            help_text += f" (default {default}: the users' deployment; SGLang's is {f.default})"
+        elif default is not None and not isinstance(default, bool):
+            help_text += f" (default {default})"
+        hint = hints[f.name]
+        if hint is bool:
+            group.add_argument(flag, action="store_true", help=help_text or None)
+            continue
+        base = _base_type(hint)
+        group.add_argument(flag, type=base, default=default, choices=CHOICES.get(f.name),
+                           metavar=f.name.upper() if f.name not in CHOICES else None,
+                           help=help_text or None)
+    parser.add_argument("--gpu", default="a100-pcie-80gb", choices=sorted(GPUS),
+                        help="GPU type (default a100-pcie-80gb: the users' cards)")
+
+
+def _base_type(hint: object) -> type:
+    if isinstance(hint, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint  # type: ignore[return-value]
+
+
+def server_args_from(ns: argparse.Namespace) -> ServerArgs:
+    return ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})

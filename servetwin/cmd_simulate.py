@@ -1,0 +1,132 @@
+"""`servetwin simulate`: run a workload through the twin of one SGLang server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from servetwin.args import add_server_args, server_args_from
+from twin.config import derive_capacity
+from twin.errors import InfeasibleError
+from twin.metrics import SLO, format_summary
+from twin.sim import SimConfig, simulate
+from twin.traces import formats, load_trace
+from twin.workload import PRESETS, SPEC_HELP, get_workload
+
+DEFAULT_WORKLOAD = "finance-qa"
+USERS_MODEL = "deepseek-ai/DeepSeek-V3"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate", help="simulate a workload on one SGLang server (the default command)",
+        description="Simulate a workload on the twin of one SGLang 0.5.x server. With no "
+        "arguments: the finance-qa workload on 2x A100-80GB PCIe at TP 2.",
+        epilog=SPEC_HELP)
+    add_server_args(p)
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", default=None,
+                   help=f"a preset ({', '.join(PRESETS)}) or a key=value spec (default "
+                   f"{DEFAULT_WORKLOAD} when no --trace)")
+    w.add_argument("--trace", type=Path, help="a trace file instead of --workload")
+    w.add_argument("--trace-format", choices=formats(), help="format of --trace")
+    w.add_argument("--trace-time-scale", type=float, default=1.0,
+                   help="multiply inter-arrival gaps by F (default 1)")
+    w.add_argument("--trace-offset", type=float, default=0.0,
+                   help="start S seconds into the trace (default 0)")
+    w.add_argument("--trace-limit", type=int, default=None, help="use at most N requests")
+    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s = p.add_argument_group("simulation and output")
+    s.add_argument("--step-time-backend", default=None,
+                   help="roofline | opdb | fitted (default: opdb where measured data covers "
+                   "the model and GPU, else roofline)")
+    s.add_argument("--horizon", type=float, default=None,
+                   help="stop at this simulated time (s); unfinished requests are 'aborted'")
+    s.add_argument("--slo-ttft", type=float, default=1.5,
+                   help="TTFT target in s for SLO attainment (default 1.5: the users' P99)")
+    s.add_argument("--slo-tpot", type=float, default=None, help="TPOT target in s")
+    s.add_argument("--slo-e2e", type=float, default=None, help="E2E target in s")
+    s.add_argument("--out", type=Path, help="write requests.jsonl, summary.json, "
+                   "timeseries.csv here")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--debug-checks", action="store_true",
+                   help="check memory and radix-cache invariants at every sample")
+    p.set_defaults(func=run, _parser=p)
+
+
+def _workload(ns: argparse.Namespace):
+    if ns.trace is not None:
+        if ns.workload:
+            from twin.errors import ConfigError
+
+            raise ConfigError("give either --workload or --trace, not both")
+        if not ns.trace_format:
+            from twin.errors import ConfigError
+
+            raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
+        return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
+                          offset_s=ns.trace_offset, limit=ns.trace_limit)
+    return get_workload(ns.workload or DEFAULT_WORKLOAD, ns.seed)
+
+
+class Progress:
+    """A one-line progress bar on stderr, shown once a run passes two seconds."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.start, self.last = total, time.monotonic(), 0.0
+
+    def __call__(self, done: int, sim_t: float) -> None:
+        now = time.monotonic()
+        if now - self.start < 2 or now - self.last < 0.5 or not sys.stderr.isatty():
+            return
+        self.last = now
+        frac = done / max(self.total, 1)
+        bar = "#" * int(30 * frac)
+        print(f"\r[{bar:30s}] {done}/{self.total} requests, {sim_t:,.0f} s simulated",
+              end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.last:
+            print(file=sys.stderr)
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = server_args_from(ns)
+    workload = _workload(ns)
+    cfg = SimConfig(args=args, gpu=ns.gpu, step_time_backend=ns.step_time_backend,
+                    horizon_s=ns.horizon, debug_checks=ns.debug_checks)
+    cap = derive_capacity(args, ns.gpu)
+    if not ns.json:
+        _print_header(ns, cap, workload)
+    progress = Progress(len(workload.requests))
+    result = simulate(workload, cfg, SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e),
+                      progress=progress)
+    progress.close()
+    if ns.out:
+        result.write(ns.out)
+    if ns.json:
+        import json
+
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print(f"step-time backend: {result.backend}")
+        print(format_summary(result.summary))
+        if ns.out:
+            print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv")
+    return 0
+
+
+def _print_header(ns: argparse.Namespace, cap, workload) -> None:
+    print(f"workload: {workload.name} ({len(workload.requests)} requests"
+          + (f", closed loop x{workload.concurrency}" if workload.concurrency else "") + ")")
+    print(cap.startup_log())
+    if ns.model_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B" and ns.gpu == \
+            "a100-pcie-80gb":
+        try:
+            derive_capacity(server_args_from(ns).__class__(model_path=USERS_MODEL,
+                                                           tp_size=ns.tp_size), ns.gpu)
+        except InfeasibleError as exc:
+            print(f"model: {cap.model.name}, DeepSeek's 128k-context model that fits; the "
+                  f"users' DeepSeek-V3-class model does not: {exc}")
