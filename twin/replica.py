@@ -147,6 +147,9 @@ class Replica:
         self._next_sample = 0.0
         self._n_seen = 0
         self.progress = None  # optional callback(done, sim_time)
+        # with `log_steps`, every step as ("prefill"|"mixed", start, [(rid, extend)], [rids])
+        # or ("decode", start, [rids], k steps)
+        self.step_log: list[tuple] | None = None
 
     # ---- memory helpers -------------------------------------------------------------
     def ceil_page(self, n: int) -> int:
@@ -182,6 +185,8 @@ class Replica:
     def run(self) -> Iterator[simpy.Event]:
         while True:
             now = self.env.now
+            if self.debug:
+                self.check_integrity()
             self._pull_arrivals(now)
             self._sample(now)
             if self.horizon is not None and now >= self.horizon:
@@ -324,6 +329,9 @@ class Replica:
             return
         chunks = [(ext, req.computed) for req, ext in batch]
         dur = self.st.step_time(chunks, [r.fill_len for r in decoders])
+        if self.step_log is not None:
+            self.step_log.append(("mixed" if decoders else "prefill", now,
+                                  [(r.rid, e) for r, e in batch], [r.rid for r in decoders]))
         if decoders:
             self.counters.mixed_steps += 1
         else:
@@ -390,6 +398,8 @@ class Replica:
             k = int(np.searchsorted(ends, limit, side="left")) + 1
             k = min(k, len(ends))
         self._take_kv(b * k)
+        if self.step_log is not None:
+            self.step_log.append(("decode", self.env.now, [r.rid for r in self.running], k))
         self.step_end.extend(ends[:k].tolist())
         dur = float(ends[k - 1]) - self.env.now
         self.counters.decode_steps += k
@@ -537,8 +547,6 @@ class Replica:
         self.series.append((round(now, 6), len(self.running), len(self.waiting),
                             self.alloc.stats().used, cached, round(self.new_token_ratio, 4)))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
-        if self.debug:
-            self.check_integrity()
         if self.progress is not None:
             self.progress(len(self.finished), now)
 

@@ -1,0 +1,36 @@
+"""Small builders shared by the simulator tests."""
+
+from __future__ import annotations
+
+import simpy
+
+from twin.config import ServerArgs
+from twin.sim import SimConfig, build_replica
+from twin.workload import Request, Workload
+
+GPU = "a100-sxm-80gb"
+MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def req(rid: str, t: float, prompt: int | list, out: int, prio: int = 0, seg: int | None = None):
+    """A request; `prompt` is a token count (one unique segment) or a segment list."""
+    if isinstance(prompt, int):
+        segs = [(seg if seg is not None else abs(hash(rid)) % (1 << 30) + (1 << 32), prompt)]
+    else:
+        segs = prompt
+    return Request.make(rid, t, segs, out, prio)
+
+
+def run_replica(requests, step_time, concurrency=None, **server):
+    """Run the replica with a step log; returns (replica, records by rid)."""
+    from twin.metrics import twin_records
+
+    args = ServerArgs(model_path=MODEL, **server)
+    cfg = SimConfig(args=args, gpu=GPU, sample_every_s=1e9, debug_checks=True)
+    env = simpy.Environment()
+    rep, _ = build_replica(env, Workload("test", tuple(requests), concurrency), cfg, step_time)
+    rep.step_log = []
+    env.process(rep.run())
+    env.run()
+    recs = {r["rid"]: r for r in twin_records(rep.finished, rep.step_end)}
+    return rep, recs
