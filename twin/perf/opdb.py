@@ -192,8 +192,9 @@ class OpdbStepTime:
         p0, p1 = self._cp_list[j], self._cp_list[j + 1]
         fx, fy = (n - n0) / (n1 - n0), (pre - p0) / (p1 - p0)
         t = self.ctx_table
-        return float((t[i, j] * (1 - fx) + t[i + 1, j] * fx) * (1 - fy)
-                     + (t[i, j + 1] * (1 - fx) + t[i + 1, j + 1] * fx) * fy)
+        lo = t[i, j] + (t[i + 1, j] - t[i, j]) * fx  # lo + (hi - lo) * f: exact on flats
+        hi = t[i, j + 1] + (t[i + 1, j + 1] - t[i, j + 1]) * fx
+        return float(lo + (hi - lo) * fy)
 
     def _decode_row(self, b: int) -> np.ndarray:
         db = self.db
