@@ -231,9 +231,10 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
 
     - closed loop, 50 concurrent clients ("50+ concurrent requests is the norm"), 600 requests;
     - every prompt starts with one shared 256-token system prompt;
-    - 85% short questions: question lognormal (median 300, sigma 0.6) tokens, answer
-      lognormal (median 150, sigma 0.5);
-    - 12% documents of 10k-32k tokens (uniform), 3% long documents of 64k-128k (uniform),
+    - 90% short questions: question lognormal (median 250, sigma 0.5) tokens (so 98.5% of
+      short prompts stay under 1k with the system prompt), answer lognormal (median 150,
+      sigma 0.5);
+    - 8% documents of 10k-32k tokens (uniform), 2% long documents of 64k-128k (uniform),
       each answered in lognormal (median 300, sigma 0.5) tokens; 60% of documents open with
       one of 20 shared legal-clause templates of 2,048 tokens;
     - VIP tiers: priority 0 (80%), 10 (15%), 20 (5%; preempts tier 0 under SGLang's default
@@ -241,13 +242,13 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
     """
     rng = np.random.default_rng(seed)
     ids = SegmentIds()
-    kind = rng.choice(3, size=n, p=[0.85, 0.12, 0.03])
+    kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
     tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
     requests = []
     for i in range(n):
         segs: list[Segment] = [(1, 256)]
         if kind[i] == 0:
-            body = int(max(8, round(300 * np.exp(0.6 * rng.standard_normal()))))
+            body = int(max(8, round(250 * np.exp(0.5 * rng.standard_normal()))))
             out = int(max(8, round(150 * np.exp(0.5 * rng.standard_normal()))))
         else:
             lo, hi = (10_000, 32_000) if kind[i] == 1 else (64_000, 128_000)
