@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,15 @@ def fresh_prompt(n: int, salt: int) -> list[int]:
     return [FIRST_ORDINARY_ID + (salt * 1_000_003 + i * 7919) % span for i in range(n)]
 
 
+def decode_gaps(url: str, batch: int, tokens: int = 97) -> list[float]:
+    """Gaps between streamed tokens of `batch` concurrent requests (the first gap dropped)."""
+    with ThreadPoolExecutor(batch) as pool:
+        runs = list(
+            pool.map(lambda s: stream(url, fresh_prompt(16, 900 + s), tokens)[0], range(batch))
+        )
+    return [b - a for arrivals in runs for a, b in zip(arrivals[1:], arrivals[2:], strict=False)]
+
+
 def measure(url: str) -> dict:
     ttft_1k, ttft_16, forward_1k = [], [], []
     for salt in range(1, 4):
@@ -62,9 +72,10 @@ def measure(url: str) -> dict:
         if "prefill_finished_time" in meta and "forward_entry_time" in meta:
             forward_1k.append(meta["prefill_finished_time"] - meta["forward_entry_time"])
         ttft_16.append(stream(url, fresh_prompt(16, salt + 100), 1)[0][0])
-    arrivals, _ = stream(url, fresh_prompt(16, 999), 129)
-    gaps = [b - a for a, b in zip(arrivals[1:], arrivals[2:], strict=False)]
+    gaps = decode_gaps(url, batch=1)
+    gaps_8 = decode_gaps(url, batch=8)
     return {
+        "decode_step_8_ms": 1000 * statistics.median(gaps_8),
         "decode_step_ms": 1000 * statistics.median(gaps),
         "decode_step_p90_ms": 1000 * statistics.quantiles(gaps, n=10)[-1],
         "prefill_1k_ttft_ms": 1000 * statistics.median(ttft_1k),
@@ -93,6 +104,8 @@ def report(install_s: float | None, start_s: float, numbers: dict) -> str:
         f"| server start to first `/generate` answered | {start_s:.1f} s |",
         f"| decode step, batch 1 (median gap between streamed tokens) | "
         f"{numbers['decode_step_ms']:.1f} ms (p90 {numbers['decode_step_p90_ms']:.1f} ms) |",
+        f"| decode step, batch 8 (median gap, 8 concurrent streams) | "
+        f"{numbers['decode_step_8_ms']:.1f} ms |",
         f"| prefill of 1024 new tokens (TTFT, 1 output token) | {numbers['prefill_1k_ttft_ms']:.0f} ms |",
         f"| the same, forward only (`prefill_finished_time - forward_entry_time`) | "
         f"{'n/a' if forward is None else f'{forward:.0f} ms'} |",
@@ -123,7 +136,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only, leave the doc alone")
     args, sglang_args = parser.parse_known_args()
     harness = require_harness()
-    install_s = json.loads(harness.marker.read_text()).get("installed_s")
+    install_s = json.loads(harness.marker.read_text()).get("fresh_install_s")
     with CpuServer(sglang_args) as server:
         print(f"server up in {server.start_seconds:.1f} s on {server.url} (log {server.log_path})")
         numbers = measure(server.url)

@@ -118,6 +118,8 @@ def test_stale_marker_means_not_installed(tmp_path):
     harness = install.Harness(tmp_path)
     harness.marker.write_text(json.dumps(harness.recipe() | {"sglang": "0.0.1"}))
     assert not harness.is_installed()
+    with pytest.raises(install.HarnessError, match="out of date"):
+        install.require_harness(tmp_path)
 
 
 def test_serve_cpu_passes_unknown_args_through_in_order():

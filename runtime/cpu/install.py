@@ -95,14 +95,19 @@ class Harness:
             "triton": TRITON_VERSION,
             "model": model.DEFAULT_SPEC.name,
             "shim_sha256": _sha256(Path(__file__).with_name("shim.py")),
+            "model_sha256": _sha256(Path(model.__file__)),
         }
 
     def is_installed(self) -> bool:
-        try:
-            recorded = json.loads(self.marker.read_text())
-        except (OSError, ValueError):
-            return False
+        recorded = _read_marker(self)
         return all(recorded.get(k) == v for k, v in self.recipe().items())
+
+
+def _read_marker(harness: Harness) -> dict:
+    try:
+        return json.loads(harness.marker.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def resolve_prefix(prefix: str | os.PathLike | None = None) -> Path:
@@ -116,8 +121,9 @@ def require_harness(prefix: str | os.PathLike | None = None) -> Harness:
     harness = Harness(resolve_prefix(prefix))
     if not harness.is_installed():
         hint = "" if prefix is None and ENV_VAR not in os.environ else f" --prefix {harness.prefix}"
+        state = "out of date" if harness.marker.exists() else "not installed"
         raise HarnessError(
-            f"the CPU SGLang harness is not installed at {harness.prefix}: "
+            f"the CPU SGLang harness is {state} at {harness.prefix}: "
             f"run `servetwin live install-cpu{hint}` first"
         )
     return harness
@@ -132,6 +138,8 @@ def install(prefix: str | os.PathLike | None = None, log: Log = print) -> Harnes
     log(f"installing the CPU SGLang harness into {harness.prefix} (about 2.5 GB, a few minutes)")
     log(f"pip's output goes to {harness.install_log}")
     started = time.monotonic()
+    fresh = not harness.python.exists()
+    previous = _read_marker(harness)
     harness.marker.unlink(missing_ok=True)
     steps = _steps(harness)
     for number, (title, action) in enumerate(steps, 1):
@@ -139,7 +147,9 @@ def install(prefix: str | os.PathLike | None = None, log: Log = print) -> Harnes
         step_started = time.monotonic()
         action()
         log(f"      done in {time.monotonic() - step_started:.0f} s")
-    record = harness.recipe() | {"installed_s": round(time.monotonic() - started, 1)}
+    seconds = round(time.monotonic() - started, 1)
+    fresh_s = seconds if fresh else previous.get("fresh_install_s")
+    record = harness.recipe() | {"installed_s": seconds, "fresh_install_s": fresh_s}
     harness.marker.write_text(json.dumps(record, indent=2) + "\n")
     log(f"CPU SGLang harness ready at {harness.prefix} ({record['installed_s']:.0f} s)")
     return harness
