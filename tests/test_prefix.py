@@ -65,13 +65,14 @@ def test_random_operations_keep_the_invariants(ops):
         elif op == "lock":
             node, _ = t.insert(segs, now)
             t.lock(node)
-            locked.append((node, sum(k for _, k in segs)))
+            locked.append((node, segs))
         elif op == "unlock" and locked:
             t.unlock(locked.pop(0)[0])
         elif op == "evict":
             before = t.total_tokens
             freed = t.evict(n)
             assert t.total_tokens == before - freed
-        for node, tokens in locked:  # a locked path is always fully present
+        for node, path_segs in locked:  # a locked path is never evicted
             assert node.parent is not None or node is t.root
+            assert t.match(path_segs, now)[0] == sum(k for _, k in path_segs)
         t.check_integrity()

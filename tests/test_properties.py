@@ -1,10 +1,10 @@
 """Property tests over random workloads and configurations."""
 
 import simpy
+from helpers import GPU, MODEL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GPU, MODEL
 from twin.config import ServerArgs
 from twin.metrics import twin_records, write_records
 from twin.sim import SimConfig, build_replica, simulate

@@ -43,7 +43,7 @@ GPUS: dict[str, GpuSpec] = {
                 PCIE4_X16, None),
         GpuSpec("h100-sxm-80gb", 80 * GIB, 3350 * GB, 989e12, 1979e12, 450 * GB, "nvlink",
                 PCIE5_X16, "h100_sxm"),
-        GpuSpec("h200-sxm-141gb", 141 * GB, 4800 * GB, 989e12, 1979e12, 450 * GB, "nvlink",
+        GpuSpec("h200-sxm-141gb", 143771 * 2**20, 4800 * GB, 989e12, 1979e12, 450 * GB, "nvlink",
                 PCIE5_X16, "h200_sxm"),
     )
 }

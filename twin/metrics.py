@@ -123,7 +123,7 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
         },
         "ttft_s": _pcts(r["ttft_s"] for r in ok),
         "tpot_s": _pcts(r["tpot_s"] for r in ok),
-        "itl_s": _pcts(itl.tolist()) if itl.size < 2_000_000 else _pcts_array(itl),
+        "itl_s": _pcts_array(itl) if itl.size else _pcts([]),
         "e2e_s": _pcts(r["e2e_s"] for r in ok),
         "queue_s": _pcts(r["queue_s"] for r in ok),
         "cached_token_share": round(sum(r["cached_tokens"] for r in ok) / prompt, 6)
@@ -142,7 +142,7 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
 
 def _pcts_array(arr: np.ndarray) -> dict[str, float | None]:
     out: dict[str, float | None] = {f"p{p}": round(float(v), 6) for p, v in
-                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES))}
+                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES), strict=True)}
     out["mean"] = round(float(arr.mean()), 6)
     return out
 

@@ -1,0 +1,62 @@
+"""The `servetwin` command end to end, as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+
+
+def run(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "servetwin", *args], capture_output=True,
+                       text=True, timeout=600)
+    if check and p.returncode:
+        raise AssertionError(p.stdout + p.stderr)
+    return p
+
+
+def test_simulate_trace_writes_records_summary_and_series(tmp_path):
+    out = tmp_path / "o"
+    p = run("simulate", "--trace", str(DATA / "azure_conv_300.csv"), "--trace-format", "azure",
+            "--trace-limit", "60", "--model-path", "meta-llama/Llama-3.1-8B", "--tp-size", "1",
+            "--gpu", "a100-sxm-80gb", "--out", str(out))
+    assert "ttft" in p.stdout and "KV Cache is allocated" in p.stdout
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"]["ok"] == 60
+    assert (out / "timeseries.csv").read_text().startswith("t_s,running")
+
+
+def test_same_seed_same_bytes(tmp_path):
+    spec = "arrival=poisson,rate=3,n=80,templates=2,share=0.5"
+    for d in ("a", "b"):
+        run("simulate", "--workload", spec, "--seed", "3", "--out", str(tmp_path / d),
+            "--model-path", "Qwen/Qwen3-8B", "--tp-size", "1", "--gpu", "h100-sxm-80gb")
+    assert (tmp_path / "a/requests.jsonl").read_bytes() == \
+        (tmp_path / "b/requests.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--bogus"], "valid flags"),
+    (["--schedule-policy", "sjf"], "choose from"),
+    (["--gpu", "t4"], "choose from"),
+    (["--model-path", "acme/unknown-9B"], "catalog"),
+    (["--model-path", "deepseek-ai/DeepSeek-V3"], "does not fit"),
+    (["--trace", "x.csv", "--trace-format", "azure"], "no such file"),
+    (["--trace", "x.csv"], "needs --trace-format"),
+    (["--workload", "finance"], "not a preset"),
+])
+def test_bad_input_is_one_clear_error(args, msg):
+    p = run("simulate", *args, check=False)
+    assert p.returncode == 2
+    assert msg in p.stderr
+
+
+def test_default_run_says_which_model_and_why_deepseek_does_not_fit():
+    p = run("simulate", "--horizon", "60")
+    assert "DeepSeek-R1-Distill-Qwen-32B" in p.stdout
+    assert "DeepSeek-V3" in p.stdout and "does not fit" in p.stdout
+    assert "SLO" in p.stdout
