@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 
 import pytest
 
+from runtime.cpu.install import harness_env
 from runtime.cpu.model import DEFAULT_SPEC, FIRST_ORDINARY_ID, create_model_dir
 
 pytestmark = pytest.mark.live
@@ -96,3 +98,11 @@ def test_model_dir_is_deterministic_with_a_full_vocab(cpu_harness, tmp_path):
         assert (fresh / name).read_bytes() == (cpu_harness.model_dir / name).read_bytes()
     vocab = json.loads((fresh / "tokenizer.json").read_text())["model"]["vocab"]
     assert sorted(vocab.values()) == list(range(DEFAULT_SPEC.vocab_size))
+
+
+def test_shims_act_only_with_the_switch(cpu_harness):
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sgl_kernel') is None)"
+    on = subprocess.run([cpu_harness.python, "-c", code], env=harness_env())
+    off_env = {k: v for k, v in harness_env().items() if k != "SERVETWIN_CPU_HARNESS"}
+    off = subprocess.run([cpu_harness.python, "-c", code], env=off_env)
+    assert (on.returncode, off.returncode) == (0, 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import subprocess
 
 import pytest
 
@@ -137,3 +139,23 @@ def test_install_cpu_refuses_unknown_args(capsys):
 
 def _value(cmd: list[str], flag: str) -> str:
     return cmd[cmd.index(flag) + 1]
+
+
+def test_stop_escalates_until_the_whole_group_is_gone():
+    # A leader that ignores SIGINT and SIGTERM, with a child that does the same.
+    stubborn = "trap '' INT TERM; sleep 60 & echo ready; wait"
+    leader = subprocess.Popen(
+        ["bash", "-c", stubborn], start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+    assert leader.stdout.readline() == "ready\n"
+    assert serve._group_alive(leader.pid)
+    signals = ((signal.SIGINT, 0.3), (signal.SIGTERM, 0.3), (signal.SIGKILL, 5.0))
+    serve.stop_process_group(leader, signals)
+    assert not serve._group_alive(leader.pid)
+    assert leader.returncode == -signal.SIGKILL
+
+
+def test_stop_sends_only_what_is_needed():
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    serve.stop_process_group(leader)
+    assert leader.returncode == -signal.SIGINT

@@ -185,14 +185,24 @@ class CpuServer:
         """Stop the server's whole process group; escalates SIGINT -> SIGTERM -> SIGKILL."""
         if self._process is None:
             return
-        pgid = self._process.pid  # leader of its own session, so pgid == pid
-        for sig, grace in STOP_SIGNALS:
-            if not _group_alive(pgid):
-                break
-            _signal_group(pgid, sig)
-            _wait_group(pgid, self._process, grace)
-        self._process.poll()
+        stop_process_group(self._process)
         self._process = None
+
+
+def stop_process_group(
+    leader: subprocess.Popen, signals: Sequence[tuple[int, float]] = STOP_SIGNALS
+) -> None:
+    """Signal the group `leader` heads (started with `start_new_session=True`) until it is gone.
+
+    Each `(signal, grace seconds)` is sent only if a live process of the group is left.
+    """
+    pgid = leader.pid  # the leader of its own session, so its pgid is its pid
+    for sig, grace in signals:
+        if not _group_alive(pgid):
+            break
+        _signal_group(pgid, sig)
+        _wait_group(pgid, leader, grace)
+    leader.poll()
 
 
 def post_json(url: str, body: dict, timeout: float = 60.0) -> dict:
