@@ -62,6 +62,7 @@ def register_install_cpu(sub) -> None:
     )
     parser.add_argument(
         "--prefix",
+        metavar="DIR",
         help="where the venv goes (default: $SERVETWIN_SGLANG_ENV or ~/.cache/servetwin/sglang-cpu)",
     )
     parser.set_defaults(func=run_install_cpu)
@@ -82,13 +83,22 @@ def register_serve_cpu(sub) -> None:
         "serve-cpu",
         help="start a real SGLang server on the CPU harness (foreground)",
         description="Start a real SGLang server with the tiny dummy-weight model on the CPU "
-        "harness, in the foreground; Ctrl-C stops it and its children. Every argument "
-        "after the harness options is passed to `sglang.launch_server` and overrides the "
-        "harness defaults, e.g. `servetwin live serve-cpu --port 30000`.",
+        "harness, in the foreground; Ctrl-C stops it and its children. Every other "
+        "argument is passed to `sglang.launch_server` and overrides the harness's own, "
+        "e.g. `servetwin live serve-cpu --port 30000`; all arguments after `--` are "
+        "passed, even `--prefix`.",
         usage="servetwin live serve-cpu [--prefix DIR] [--start-timeout S] [SGLang args ...]",
     )
-    parser.add_argument("--prefix", help="the harness venv (default as for install-cpu)")
-    parser.add_argument("--start-timeout", type=float, default=180.0, metavar="S")
+    parser.add_argument(
+        "--prefix", metavar="DIR", help="the harness venv (default as for install-cpu)"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="seconds to wait for the server to answer (default 180)",
+    )
     parser.passthrough_dest = "sglang_args"
     parser.set_defaults(func=run_serve_cpu)
 
