@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from servetwin.cli import UserError
+from servetwin.cmd_live_replay import register_compare, register_replay
 
 
 def register(subparsers) -> None:
@@ -128,4 +129,4 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
         server.stop()
 
 
-LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu]
+LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare]

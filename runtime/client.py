@@ -1,0 +1,346 @@
+"""Replay a workload against a live SGLang server and record it in the twin's schema.
+
+    result = replay(workload, ReplayConfig(url="http://127.0.0.1:30000"))
+    result.write(Path("out/live"))          # requests.jsonl, summary.json, replay.json, ...
+    result.check()                          # ReplayError: server died, client too late
+
+The same `Request` objects the twin simulates go to SGLang's native `/generate` with
+`stream: true`: `input_ids` from the request's segments (`runtime.token_ids`),
+`max_new_tokens` = the output length with `ignore_eos`, temperature 0, the request's
+`rid`, and its `priority` when the server has priority scheduling on. Open loop, each
+request is sent at its arrival time; closed loop (`workload.concurrency`), N clients each
+send their next request when their last one ends (not before its arrival time).
+
+The load generator measures itself: lateness is the actual send time minus the scheduled
+one (arrival time, or in closed loop the later of arrival and the moment the client
+freed). `check()` fails when its P99 exceeds `max_lateness_s`, so a slow client is never
+mistaken for a slow server.
+
+Failures are records, not crashes: HTTP errors, in-stream errors, timeouts and lost
+connections give status `failed` (`rejected` for a request the server refuses as too
+long), with the error. A connection error makes the replayer ask `/health`; a server that
+no longer answers ends the replay (nothing more is sent) with a clear `stop_reason`.
+Ctrl-C stops it too; in-flight requests become `aborted`. Every request that was sent is
+in the records exactly once; requests never sent are counted in `replay.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from runtime.recording import StreamLog
+from runtime.server_api import ReplayError, ServerFacts, flush_cache, probe, snapshot
+from runtime.token_ids import SegmentTokens
+from twin.metrics import summarize, write_records
+from twin.workload import Request, Workload
+
+START_LEAD_S = 0.2  # between building the schedule and the first scheduled send
+READ_BUFFER = 1 << 22  # streamed lines carry the cumulative output ids: allow long ones
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    url: str
+    seed: int = 0
+    max_lateness_s: float = 0.050  # bound on the P99 of the client's own lateness
+    request_timeout_s: float = 600.0  # longest silence on one stream
+    connect_timeout_s: float = 10.0
+    vocab_size: int | None = None  # None: from the server's model config.json
+    flush_cache: bool = True  # start with an empty radix cache, as the twin does
+
+
+@dataclass
+class ReplayResult:
+    records: list[dict]
+    meta: dict
+    snapshots: dict[str, dict[str, str]]
+    stop_reason: str | None = None
+
+    @property
+    def lateness(self) -> dict:
+        return self.meta["lateness_ms"]
+
+    def write(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_records(out / "requests.jsonl", self.records)
+        summary = summarize(self.records)
+        summary["engine"] = {"live": self.meta["url"], "version": self.meta.get("version")}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out / "replay.json").write_text(json.dumps(self.meta, indent=2) + "\n")
+        for when, snap in self.snapshots.items():
+            (out / f"server_info_{when}.json").write_text(snap["server_info"])
+            (out / f"metrics_{when}.prom").write_text(snap["metrics"])
+
+    def check(self) -> None:
+        """Raise `ReplayError` when the replay stopped early or the client was too late."""
+        if self.stop_reason:
+            raise ReplayError(f"{self.stop_reason}; {self.meta['sent']} of "
+                              f"{self.meta['requests']} requests were sent, their "
+                              f"{len(self.records)} records are written")
+        late, bound = self.lateness, self.meta["max_lateness_ms"]
+        if late["p99"] is not None and late["p99"] > bound:
+            raise ReplayError(
+                f"the load generator itself was late: P99 lateness {late['p99']:.1f} ms > "
+                f"bound {bound:g} ms (P50 {late['p50']:.1f}, max {late['max']:.1f} ms); the "
+                "latencies measured are not the server's alone. Use a less loaded machine, "
+                "or raise --max-lateness-ms knowingly")
+
+
+def replay(workload: Workload, cfg: ReplayConfig, progress=None,
+           facts: ServerFacts | None = None) -> ReplayResult:
+    """Run the replay (blocking). `progress(run)` is called about once a second."""
+    facts = facts or probe(cfg.url, cfg.vocab_size)
+    flush_error = flush_cache(cfg.url) if cfg.flush_cache else "not asked (--no-flush-cache)"
+    before = snapshot(cfg.url)
+    run = _Run(workload, cfg, facts, progress)
+    try:
+        asyncio.run(run.main())
+    except KeyboardInterrupt:
+        run.stop("interrupted (Ctrl-C)")
+    after = snapshot(cfg.url)
+    meta = run.meta() | {"cache_flushed": flush_error is None, "flush_error": flush_error}
+    return ReplayResult(run.records(), meta, {"before": before, "after": after},
+                        run.stop_reason)
+
+
+def build_body(req: Request, tokens: SegmentTokens, priority: bool) -> bytes:
+    body = {
+        "rid": req.rid,
+        "input_ids": tokens.prompt(req.segments),
+        "sampling_params": {"max_new_tokens": req.output_tokens, "ignore_eos": True,
+                            "temperature": 0.0},
+        "stream": True,
+    }
+    if priority:
+        body["priority"] = req.priority
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def percentiles_ms(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "max": None, "n": 0}
+    arr = np.asarray(values) * 1e3
+    return {"p50": round(float(np.percentile(arr, 50)), 3),
+            "p99": round(float(np.percentile(arr, 99)), 3),
+            "max": round(float(arr.max()), 3), "n": int(arr.size)}
+
+
+@dataclass
+class _Run:
+    """One replay in progress: the event-loop side."""
+
+    workload: Workload
+    cfg: ReplayConfig
+    facts: ServerFacts
+    progress: object = None
+    logs: list[StreamLog] = field(default_factory=list)
+    lateness_s: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+    t0: float = 0.0
+    started_wall: str = ""
+    duration_s: float = 0.0
+    _probing: asyncio.Lock | None = None
+    _stopped: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = SegmentTokens(self.facts.vocab_size, self.cfg.seed)
+        self.in_flight = 0
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def main(self) -> None:
+        self._probing = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s,
+                                        sock_read=self.cfg.request_timeout_s)
+        # limit=0: no connection-pool queueing hidden between "sent" and the server.
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                         read_bufsize=READ_BUFFER) as session:
+            self.session = session
+            self.started_wall = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.t0 = time.perf_counter() + START_LEAD_S
+            ticker = asyncio.create_task(self._tick())
+            try:
+                if self.workload.concurrency:
+                    await self._closed_loop(self.workload.concurrency)
+                else:
+                    await self._open_loop()
+            finally:
+                ticker.cancel()
+                self.duration_s = time.perf_counter() - self.t0
+
+    async def _open_loop(self) -> None:
+        tasks = []
+        try:
+            for req in self.workload.requests:
+                body = build_body(req, self.tokens, self.facts.priority_scheduling)
+                scheduled = self.t0 + req.arrival_s
+                await self._sleep_until(scheduled)
+                if self.stop_reason:
+                    break
+                tasks.append(asyncio.create_task(self._send(req, body, scheduled)))
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _closed_loop(self, clients: int) -> None:
+        queue = iter(self.workload.requests)
+
+        async def client() -> None:
+            free_at = self.t0
+            for req in queue:  # a shared iterator: each request goes to one client
+                if self.stop_reason:
+                    return
+                scheduled = max(self.t0 + req.arrival_s, free_at)
+                body = build_body(req, self.tokens, self.facts.priority_scheduling)
+                await self._sleep_until(scheduled)
+                if self.stop_reason:
+                    return
+                await self._send(req, body, scheduled)
+                free_at = time.perf_counter()
+
+        workers = [asyncio.create_task(client()) for _ in range(clients)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Sleep until `deadline` (client clock), or until the replay is stopped."""
+        delay = deadline - time.perf_counter()
+        if delay <= 0:
+            return
+        assert self._stopped is not None
+        try:
+            await asyncio.wait_for(self._stopped.wait(), delay)
+        except TimeoutError:
+            pass
+
+    async def _send(self, req: Request, body: bytes, scheduled: float) -> None:
+        sent = time.perf_counter()
+        self.lateness_s.append(max(sent - scheduled, 0.0))
+        log = StreamLog(req, sent - self.t0, sent)
+        self.logs.append(log)
+        self.in_flight += 1
+        try:
+            await self._stream(log, body)
+        except asyncio.CancelledError:
+            log.fail("aborted", "the replay was interrupted while the request was in flight")
+            raise
+        except TimeoutError:
+            log.fail("failed", f"no data for {self.cfg.request_timeout_s:g} s "
+                     "(--request-timeout) or no connection in "
+                     f"{self.cfg.connect_timeout_s:g} s")
+        except aiohttp.ClientError as exc:
+            log.fail("failed", f"connection error: {type(exc).__name__}: {exc}")
+            await self._check_server()
+        except ValueError as exc:  # a chunk that is not JSON
+            log.fail("failed", f"unreadable stream from the server: {exc}")
+        finally:
+            self.in_flight -= 1
+
+    async def _stream(self, log: StreamLog, body: bytes) -> None:
+        headers = {"Content-Type": "application/json"}
+        async with self.session.post(self.cfg.url + "/generate", data=body,
+                                     headers=headers) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:500]
+                log.fail("rejected" if resp.status == 400 and "context length" in text
+                         else "failed", f"HTTP {resp.status}: {text}")
+                return
+            async for line in resp.content:
+                now = time.perf_counter()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    log.fail(*_stream_error(chunk["error"]))
+                    break
+                log.on_chunk(now, chunk.get("meta_info") or {})
+
+    async def _check_server(self) -> None:
+        """After a connection error: is the server still there? If not, stop sending."""
+        assert self._probing is not None
+        async with self._probing:
+            if self.stop_reason:
+                return
+            try:
+                async with self.session.get(self.cfg.url + "/health",
+                                            timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.stop(f"the SGLang server at {self.cfg.url} stopped answering mid-run "
+                          f"(GET /health: {type(exc).__name__}: {exc})")
+
+    async def _tick(self) -> None:
+        while self.progress is not None:
+            await asyncio.sleep(1.0)
+            self.progress(self)
+
+    # -- results -------------------------------------------------------------------
+    def records(self) -> list[dict]:
+        recs = [log.record() for log in self.logs]
+        return sorted(recs, key=lambda r: (r["arrival_s"], r["rid"]))
+
+    def done_counts(self) -> dict[str, int]:
+        """Finished requests so far, by status (for progress lines)."""
+        out: dict[str, int] = {}
+        for log in self.logs:
+            if log.done:
+                status = log.outcome()[0]
+                out[status] = out.get(status, 0) + 1
+        return out
+
+    def meta(self) -> dict:
+        f = self.facts
+        return {
+            "url": self.cfg.url,
+            "version": f.version,
+            "model_path": f.info.get("model_path"),
+            "workload": self.workload.name,
+            "workload_description": self.workload.description,
+            "closed_loop_clients": self.workload.concurrency,
+            "requests": len(self.workload.requests),
+            "sent": len(self.logs),
+            "not_sent": len(self.workload.requests) - len(self.logs),
+            "stop_reason": self.stop_reason,
+            "started_utc": self.started_wall,
+            "duration_s": round(self.duration_s, 3),
+            "seed": self.cfg.seed,
+            "vocab_size": f.vocab_size,
+            "vocab_source": f.vocab_source,
+            "token_id_range": [self.tokens.low, self.tokens.high],
+            "priority_sent": f.priority_scheduling,
+            "max_lateness_ms": self.cfg.max_lateness_s * 1e3,
+            "lateness_ms": percentiles_ms(self.lateness_s),
+        }
+
+
+def _stream_error(err: object) -> tuple[str, str]:
+    if isinstance(err, dict):
+        message = str(err.get("message", err))
+        code = err.get("code")
+        status = "rejected" if code == 400 and "context length" in message else "failed"
+        return status, f"server error {code}: {message}"
+    return "failed", f"server error: {err}"
+
+

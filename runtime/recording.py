@@ -1,0 +1,101 @@
+"""What one streamed `/generate` call becomes: a record in the twin's schema.
+
+`StreamLog` collects a request's streamed chunks as they arrive (client clock, seconds);
+`StreamLog.record()` turns them into a `twin.metrics.RECORD_FIELDS` record. Pure: no I/O,
+no clock, so the arithmetic is tested offline.
+
+Timing comes from the client: TTFT is the first chunk carrying a token minus the send
+time, E2E the last chunk minus the send time. SGLang's chunks carry a cumulative
+`completion_tokens` and no per-token timestamps, so per-token gaps (`itl_s`) come from
+chunk arrival: a chunk that brings k > 1 new tokens (the server's `--stream-interval`, or
+a client that read two chunks in one go) contributes its gap to the previous chunk
+followed by k - 1 zero gaps, which keeps `len(itl_s) == output_tokens - 1` and the sum of
+the gaps equal to E2E - TTFT. `cached_tokens`, `queue_time` (-> `queue_s`) and
+`num_retractions` (-> `retractions`) are the server's own, from the last `meta_info`.
+SGLang reports no per-request preemption count: `preemptions` is 0 in live records
+(priority preemptions that send a request back to the queue show up in `retractions`
+only if SGLang counts them there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin.workload import Request
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+@dataclass
+class StreamLog:
+    """One request on the wire. Times are client-clock seconds (any monotonic origin)."""
+
+    request: Request
+    arrival_s: float  # send time relative to the start of the replay
+    sent_at: float  # send time on the client clock
+    token_times: list[float] = field(default_factory=list)  # one entry per output token
+    meta: dict = field(default_factory=dict)  # the last meta_info seen
+    finished_at: float | None = None
+    status: str | None = None  # set on failure or abort; None means "judge from the stream"
+    error: str | None = None
+
+    def on_chunk(self, t: float, meta: dict) -> None:
+        """A `data:` chunk arrived at `t`; its `meta_info` has the cumulative token count."""
+        self.meta = meta
+        done = int(meta.get("completion_tokens") or 0)
+        new = done - len(self.token_times)
+        if new > 0:
+            self.token_times.extend([t] * new)  # zero gaps after the first: see module doc
+        self.finished_at = t
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None or bool(self.meta.get("finish_reason"))
+
+    def fail(self, status: str, error: str) -> None:
+        if self.status is None:
+            self.status, self.error = status, error
+
+    def outcome(self) -> tuple[str, str | None]:
+        """(status, error): failures as set; otherwise judged from the finish reason."""
+        if self.status is not None:
+            return self.status, self.error
+        reason = self.meta.get("finish_reason")
+        if not self.token_times or reason is None:
+            return "failed", "the stream ended without a finished response"
+        if isinstance(reason, dict) and reason.get("type") == "abort":
+            return "aborted", f"aborted by the server: {reason.get('message') or reason}"
+        wanted = self.request.output_tokens
+        if len(self.token_times) != wanted:
+            return "failed", f"{len(self.token_times)} output tokens, {wanted} requested"
+        return "ok", None
+
+    def record(self) -> dict:
+        status, error = self.outcome()
+        times = self.token_times
+        ttft = times[0] - self.sent_at if times else None
+        ok = status == "ok"
+        e2e = (self.finished_at - self.sent_at) if ok and self.finished_at is not None else None
+        n_out = len(times)
+        meta = self.meta
+        queue = meta.get("queue_time")
+        return {
+            "rid": self.request.rid,
+            "arrival_s": _r(self.arrival_s),
+            "prompt_tokens": int(meta.get("prompt_tokens") or self.request.prompt_tokens),
+            "cached_tokens": int(meta.get("cached_tokens") or 0),
+            "output_tokens": n_out,
+            "priority": self.request.priority,
+            "ttft_s": _r(ttft),
+            "tpot_s": _r((e2e - ttft) / (n_out - 1)) if ok and e2e is not None and n_out > 1
+            else None,
+            "itl_s": [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)],
+            "e2e_s": _r(e2e),
+            "queue_s": _r(queue) if queue is not None else None,
+            "retractions": int(meta.get("num_retractions") or 0),
+            "preemptions": 0,
+            "status": status,
+            "error": error,
+        }

@@ -1,0 +1,118 @@
+"""Small synchronous calls to a live SGLang server around a replay (standard library only).
+
+`probe(url)` reads `/server_info` and what the replayer needs from it: the model's vocab
+size (from the model directory's `config.json` when the server runs on this machine, as the
+CPU harness does; `/server_info` does not report it), whether priority scheduling is on,
+and the context limits. `snapshot(url)` saves `/server_info` and `/metrics` as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from twin.errors import ServetwinError
+
+# Used when the vocab size is neither given nor readable: every common LLM tokenizer has at
+# least this many ids (see runtime.token_ids for the range actually drawn from).
+FALLBACK_VOCAB = 32_000
+
+
+class ReplayError(ServetwinError):
+    """The replay could not run or did not finish: unreachable or dead server, slow client."""
+
+
+def _get(url: str, timeout: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def describe_url_error(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    info: dict
+    vocab_size: int
+    vocab_source: str
+    priority_scheduling: bool
+    context_length: int | None
+    max_req_input_len: int | None
+
+    @property
+    def version(self) -> str:
+        return str(self.info.get("version", "?"))
+
+
+def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> ServerFacts:
+    """What the replayer needs to know about the server; `ReplayError` when unreachable."""
+    try:
+        info = json.loads(_get(url + "/server_info", timeout))
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"cannot reach an SGLang server at {url} (GET /server_info: "
+                          f"{describe_url_error(exc)}); is it running, and is the URL "
+                          "right?") from None
+    if not isinstance(info, dict):
+        raise ReplayError(f"{url}/server_info did not answer a JSON object: is it SGLang?")
+    vocab, source = _vocab(info, vocab_size)
+    return ServerFacts(
+        info=info, vocab_size=vocab, vocab_source=source,
+        priority_scheduling=bool(info.get("enable_priority_scheduling")),
+        context_length=info.get("context_length"),
+        max_req_input_len=info.get("max_req_input_len"),
+    )
+
+
+def _vocab(info: dict, given: int | None) -> tuple[int, str]:
+    if given:
+        return int(given), "--vocab-size"
+    config = Path(str(info.get("model_path", ""))) / "config.json"
+    try:
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return FALLBACK_VOCAB, (f"fallback {FALLBACK_VOCAB}: {config} not readable here; "
+                                "pass --vocab-size")
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not vocab:
+        return FALLBACK_VOCAB, f"fallback {FALLBACK_VOCAB}: no vocab_size in {config}"
+    return int(vocab), str(config)
+
+
+def snapshot(url: str, timeout: float = 10.0) -> dict[str, str]:
+    """`/server_info` (JSON text) and `/metrics` (Prometheus text), or why they are missing."""
+    out = {}
+    for name, path in (("server_info", "/server_info"), ("metrics", "/metrics")):
+        try:
+            out[name] = _get(url + path, timeout).decode(errors="replace")
+        except (OSError, ValueError) as exc:
+            out[name] = f"# unavailable: GET {path}: {describe_url_error(exc)}\n"
+    return out
+
+
+def flush_cache(url: str, timeout: float = 30.0) -> str | None:
+    """Empty the server's radix cache (the twin starts cold); None on success, else why not.
+    SGLang refuses while requests are running."""
+    request = urllib.request.Request(url + "/flush_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+        return None
+    except (OSError, ValueError) as exc:
+        return describe_url_error(exc)
+
+
+def server_alive(url: str, timeout: float = 5.0) -> str | None:
+    """None when `/health` answers; otherwise why not."""
+    try:
+        _get(url + "/health", timeout)
+        return None
+    except (OSError, ValueError) as exc:
+        return describe_url_error(exc)
