@@ -73,15 +73,19 @@ def test_streamed_generate_returns_exactly_the_requested_tokens(sglang_server):
 
 
 def test_repeated_prompt_hits_the_radix_cache(sglang_server):
-    body = {
-        "input_ids": prompt(2, 200),
-        "sampling_params": {"max_new_tokens": 2, "ignore_eos": True},
-    }
-    first = generate_stream(sglang_server, body | {"rid": "harness-cache-1"})[-1]["meta_info"]
-    second = generate_stream(sglang_server, body | {"rid": "harness-cache-2"})[-1]["meta_info"]
-    assert first["cached_tokens"] == 0
-    assert second["cached_tokens"] > 0
-    assert second["cached_tokens"] < 200
+    request = urllib.request.Request(sglang_server.url + "/flush_cache", b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    ids = prompt(2, 200)
+    params = {"max_new_tokens": 2, "ignore_eos": True}
+
+    def cached(rid: str, input_ids: list[int]) -> int:
+        body = {"input_ids": input_ids, "rid": rid, "sampling_params": params}
+        return generate_stream(sglang_server, body)[-1]["meta_info"]["cached_tokens"]
+
+    assert cached("harness-cache-1", ids) == 0
+    assert cached("harness-cache-2", ids) == 199  # all but the last token, which is recomputed
+    assert cached("harness-cache-3", ids[:100] + prompt(3, 50)) == 100
 
 
 def test_metrics_expose_sglang_gauges(sglang_server):
