@@ -116,3 +116,20 @@ def server_alive(url: str, timeout: float = 5.0) -> str | None:
         return None
     except (OSError, ValueError) as exc:
         return describe_url_error(exc)
+
+
+def twin_server_args(info: dict):
+    """The twin's `ServerArgs` for a live server, from its `/server_info` (SGLang's own
+    names), so a simulation of "this server" uses the server's actual configuration. A CPU
+    server has no CUDA graphs."""
+    from dataclasses import fields
+
+    from twin.config import ServerArgs
+
+    given = {f.name: info[f.name] for f in fields(ServerArgs)
+             if f.name in info and info[f.name] is not None}
+    if info.get("device") == "cpu":
+        given["disable_cuda_graph"] = True
+    if given.get("schedule_policy") not in (None, "fcfs", "lpm", "lof"):
+        given.pop("schedule_policy")  # a policy the twin does not model: its default
+    return ServerArgs(**given)
