@@ -8,13 +8,13 @@ from twin.prefix import RadixCache
 
 def test_match_insert_and_shared_prefixes():
     t = RadixCache()
-    node, added = t.insert([(1, 100), (2, 50)], now=0.0)
-    assert added == 150 and t.total_tokens == 150 and t.evictable_tokens == 150
+    node, created = t.insert([(1, 100), (2, 50)], now=0.0)
+    assert [n.tokens for n in created] == [100, 50] and t.total_tokens == 150 and t.evictable_tokens == 150
     assert t.match([(1, 100), (3, 10)], now=1.0)[0] == 100
     assert t.match([(1, 100), (2, 50), (4, 1)], now=1.0)[0] == 150
     assert t.match([(9, 100)], now=1.0)[0] == 0
-    _, added = t.insert([(1, 100), (3, 10)], now=2.0)
-    assert added == 10 and t.total_tokens == 160
+    _, created = t.insert([(1, 100), (3, 10)], now=2.0)
+    assert [n.key for n in created] == [(3, 10)] and t.total_tokens == 160
     t.check_integrity()
 
 

@@ -11,7 +11,7 @@ tokens. The cache counts tokens; the KV allocator is charged by the replica.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Segment = tuple[int, int]
 
@@ -30,7 +30,8 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self) -> None:
+    def __init__(self, on_evict: Callable[[Node], None] | None = None) -> None:
+        self.on_evict = on_evict  # told of every evicted node (the allocator frees it)
         self.root = Node(None, None, 0, 0.0)
         self.root.lock = 1  # never evicted
         self._next_id = 1
@@ -55,10 +56,10 @@ class RadixCache:
             heapq.heappush(self._lru, (now, node.nid, node))
         return matched, node
 
-    def insert(self, segments: Sequence[Segment], now: float) -> tuple[Node, int]:
-        """Add the path for `segments`; returns (deepest node, tokens newly added). Segments
+    def insert(self, segments: Sequence[Segment], now: float) -> tuple[Node, list[Node]]:
+        """Add the path for `segments`; returns (deepest node, nodes created). Segments
         already present are shared: the caller frees its duplicate KV for them."""
-        node, added = self.root, 0
+        node, added, created = self.root, 0, []
         for seg in segments:
             child = node.children.get(seg)
             if child is None:
@@ -67,13 +68,14 @@ class RadixCache:
                 self.n_nodes += 1
                 node.children[seg] = child
                 added += child.tokens
+                created.append(child)
                 self.evictable_tokens += child.tokens  # new nodes start unlocked
             child.last_access = now
             node = child
         self.total_tokens += added
         if node is not self.root and not node.children and node.lock == 0:
             heapq.heappush(self._lru, (now, node.nid, node))
-        return node, added
+        return node, created
 
     # -- references ---------------------------------------------------------------------
     def lock(self, node: Node) -> None:
@@ -111,6 +113,8 @@ class RadixCache:
             node.parent = None
             self.n_nodes -= 1
             freed += node.tokens
+            if self.on_evict is not None:
+                self.on_evict(node)
             if parent is not self.root and not parent.children and parent.lock == 0:
                 heapq.heappush(heap, (parent.last_access, parent.nid, parent))
         self.total_tokens -= freed

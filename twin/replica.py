@@ -22,7 +22,7 @@ import simpy
 
 from twin import config as C
 from twin.config import Capacity, ServerArgs
-from twin.memory import KVAllocator, TokenPool
+from twin.memory import AllocResult, KVAllocator, TokenPool
 from twin.perf import StepTimeModel
 from twin.policy import Policy, Snapshot
 from twin.prefix import RadixCache
@@ -125,7 +125,8 @@ class Replica:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.source = policy, source
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
-        self.tree = None if args.disable_radix_cache else RadixCache()
+        self.tree = None if args.disable_radix_cache else RadixCache(
+            on_evict=lambda node: self.alloc.free(-node.nid))
         self.page = cap.page_size
         self.horizon = horizon_s
         self.debug = debug_checks
@@ -158,11 +159,18 @@ class Replica:
     def evictable(self) -> int:
         return self.tree.evictable_tokens if self.tree else 0
 
-    def _take_kv(self, n: int) -> bool:
+    def _take_kv(self, owner: int, n: int) -> bool:
+        """Give `owner` n more KV tokens, evicting cached prefixes (LRU) when short."""
+        if n <= 0:
+            return True
         short = n - self.alloc.available()
         if short > 0 and self.tree:
-            self.alloc.free(self.tree.evict(short))
-        return self.alloc.alloc(n)
+            self.tree.evict(short)
+        res = self.alloc.alloc(owner, n)
+        while res is AllocResult.FRAGMENTED and self.tree and self.tree.evictable_tokens:
+            self.tree.evict(n)  # freed blocks may coalesce into a usable run
+            res = self.alloc.alloc(owner, n)
+        return res is AllocResult.OK
 
     def lock(self, req: SimRequest, node) -> None:
         if self.tree and node is not None:
@@ -179,7 +187,8 @@ class Replica:
             req.prefix_len, req.matched_node = 0, None
             return
         n, node = self.tree.match(req.req.segments, self.env.now)
-        req.prefix_len, req.matched_node = n, node
+        # SGLang keeps at least one token to compute (the logits of the last one)
+        req.prefix_len, req.matched_node = min(n, req.fill_len - 1), node
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> Iterator[simpy.Event]:
@@ -313,18 +322,14 @@ class Replica:
                 req.cached_tokens += req.prefix_len
                 if req.first_admit_s is None:
                     req.first_admit_s = now
-            if not self._take_kv(self.ceil_page(ext)) and not self._make_room(
-                    self.ceil_page(ext)):
+            if not self._take_kv(req.index, ext) and not self._make_room(req.index, ext):
                 batch.remove((req, ext))
                 self._abort_prefill(req)
                 continue
-            req.private += self.ceil_page(ext)
+            req.private += ext
         decoders = self.running if self.args.enable_mixed_chunk else []
-        if decoders:
-            if self.alloc.available() + self.evictable() < len(decoders):
-                self._retract()
-                decoders = self.running
-            self._take_kv(len(decoders))
+        if decoders and not self._grow_decoders(decoders, 1):
+            decoders = []
         if not batch:
             return
         chunks = [(ext, req.computed) for req, ext in batch]
@@ -357,11 +362,13 @@ class Replica:
         if req.first_token_s is None:
             req.first_token_s = end
         if self.tree is not None:
-            node, added = self.tree.insert(req.req.segments, end)
+            node, created = self.tree.insert(req.req.segments, end)
+            for new in created:  # the cache takes over the request's slots, no copy
+                self.alloc.transfer(req.index, -new.nid, new.tokens)
             own_prompt = req.prompt_tokens - req.prefix_len
-            dup = own_prompt - added
-            if dup:
-                self.alloc.free(dup)  # another request cached these segments meanwhile
+            dup = own_prompt - sum(n.tokens for n in created)
+            if dup:  # another request cached these segments meanwhile
+                self.alloc.free_tokens(req.index, dup)
             req.private -= own_prompt
             old = req.node
             self.tree.lock(node)
@@ -389,7 +396,9 @@ class Replica:
             if not b:
                 return
             room = self.alloc.available() + self.evictable()
-        k = min(min(r.remaining for r in self.running), room // b)
+        owners = [r.index for r in self.running]
+        k_mem = max(self.alloc.decode_steps(owners, room), 1)  # 0: a re-allocation is due
+        k = min(min(r.remaining for r in self.running), k_mem)
         kv0 = sum(r.fill_len for r in self.running)
         times = self.st.decode_times(b, kv0 + b * np.arange(k))
         ends = self.env.now + np.cumsum(times)
@@ -397,7 +406,8 @@ class Replica:
         if limit is not None and ends[-1] > limit:
             k = int(np.searchsorted(ends, limit, side="left")) + 1
             k = min(k, len(ends))
-        self._take_kv(b * k)
+        if not self._grow_decoders(self.running, k):
+            return
         if self.step_log is not None:
             self.step_log.append(("decode", self.env.now, [r.rid for r in self.running], k))
         self.step_end.extend(ends[:k].tolist())
@@ -408,6 +418,23 @@ class Replica:
         self._advance(self.running, k)
         yield self.env.timeout(dur)
         self._finish_done(self.env.now)
+
+    def _grow_decoders(self, reqs: list[SimRequest], k: int) -> bool:
+        """Charge k decode tokens to each of `reqs`; when the allocator cannot (a block
+        allocator out of usable space), retract as SGLang does when decode runs out of KV.
+        False when the step cannot run as planned."""
+        need = len(reqs) * k - self.alloc.available()
+        if need > 0 and self.tree:
+            self.tree.evict(need)
+        owners = [r.index for r in reqs]
+        if self.alloc.grow_all(owners, k) is not None:
+            return True
+        if self.tree and self.tree.evictable_tokens:
+            self.tree.evict(self.tree.evictable_tokens)
+            if self.alloc.grow_all(owners, k) is not None:
+                return True
+        self._retract()
+        return False
 
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
@@ -436,7 +463,9 @@ class Replica:
 
     def _retract(self) -> None:
         """SGLang's `retract_decode`: fewest generated tokens first (ties: longest prompt),
-        until the rest can decode one more step; then re-estimate `new_token_ratio`."""
+        until the rest can decode one more step; then re-estimate `new_token_ratio`.
+        (When a block allocator refused a step the token count allowed, one request is
+        retracted per pass until the step fits.)"""
         order = sorted(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens),
                        reverse=True)
         first = True
@@ -459,7 +488,7 @@ class Replica:
             self.new_token_ratio = min(1.0, (gen + C.RETRACT_DECODE_STEPS * len(order))
                                        / max_new)
 
-    def _make_room(self, n: int) -> bool:
+    def _make_room(self, owner: int, n: int) -> bool:
         """A prefill chunk found no KV (possible for a chunked request's later chunks, which
         SGLang's budget does not reserve): retract running requests for it, fewest
         generated tokens first. False when even that is not enough."""
@@ -468,7 +497,7 @@ class Replica:
             self.running.remove(victim)
             self._release_to_queue(victim, preempted=False)
             self.shrunk = True
-        return self._take_kv(n)
+        return self._take_kv(owner, n)
 
     def _abort_prefill(self, req: SimRequest) -> None:
         if req is self.chunked:
@@ -484,7 +513,7 @@ class Replica:
             r.dec_start = -1
 
     def _release_kv(self, r: SimRequest) -> None:
-        self.alloc.free(r.private)
+        self.alloc.free(r.index)
         r.private = 0
         self.unlock(r)
 
@@ -506,8 +535,9 @@ class Replica:
         if self.tree is not None and r.private > 0:
             # SGLang caches the finished sequence; outputs are unique to the request
             segs = r.req.segments + ((-(r.index + 1), r.private),)
-            node, added = self.tree.insert(segs, now)
-            self.alloc.free(r.private - added)
+            _, created = self.tree.insert(segs, now)
+            for new in created:
+                self.alloc.transfer(r.index, -new.nid, new.tokens)
             r.private = 0
         self._release_kv(r)
         r.finish_s = now
@@ -545,7 +575,7 @@ class Replica:
             return
         cached = self.tree.total_tokens if self.tree else 0
         self.series.append((round(now, 6), len(self.running), len(self.waiting),
-                            self.alloc.stats().used, cached, round(self.new_token_ratio, 4)))
+                            self.alloc.stored(), cached, round(self.new_token_ratio, 4)))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.progress is not None:
             self.progress(len(self.finished), now)
@@ -555,7 +585,7 @@ class Replica:
         tree_tokens = self.tree.total_tokens if self.tree else 0
         live = [*self.running, *self.waiting, *([self.chunked] if self.chunked else [])]
         private = sum(r.private for r in live)
-        assert self.alloc.stats().used == tree_tokens + private, (
-            self.alloc.stats().used, tree_tokens, private)
+        assert self.alloc.stored() == tree_tokens + private, (
+            self.alloc.stored(), tree_tokens, private)
         if self.tree:
             self.tree.check_integrity()

@@ -9,7 +9,7 @@ from pathlib import Path
 import simpy
 
 from twin.config import Capacity, ServerArgs, derive_capacity
-from twin.memory import ALLOCATORS
+from twin.memory import make_allocator
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
 from twin.perf import StepTimeModel, make_step_time
 from twin.policy import make_policy
@@ -67,7 +67,11 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
                          priority_scheduling=cfg.args.enable_priority_scheduling,
                          low_values_first=cfg.args.schedule_low_priority_values_first,
                          preemption_threshold=cfg.args.priority_scheduling_preemption_threshold)
-    alloc = ALLOCATORS[cfg.kv_allocator](cap.max_total_num_tokens)
+    name = cfg.kv_allocator
+    if name == "token" and cfg.args.page_size > 1:
+        name = "paged"  # SGLang's pool with --page-size > 1 allocates whole pages
+    alloc = make_allocator(name, cap.max_total_num_tokens, page_size=cfg.args.page_size,
+                           bytes_per_token=cap.kv_bytes_per_token)
     rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
                   debug_checks=cfg.debug_checks)
