@@ -39,6 +39,8 @@ class AllocatorStats:
     failures_fragmented: int = 0
     compactions: int = 0
     tokens_moved: int = 0  # by compaction and re-allocation
+    reserved: int = 0  # never allocated (the contiguous safety reserve)
+    reallocations: int = 0  # owners moved to a bigger block (buddy growth)
 
     @property
     def internal_fragmentation(self) -> float:
@@ -57,7 +59,7 @@ class AllocatorStats:
 
 
 class KVAllocator(ABC):
-    """Contract:
+    """Contract (free + allocated + reserved == capacity):
     - `alloc(owner, n)` gives `owner` room for n more tokens or says why not (nothing changes
       on failure); `free(owner)` returns everything it holds; `transfer(src, dst, n)` moves
       n stored tokens from src to dst without a copy.
