@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from itertools import pairwise
 
 from twin.memory import Owner, register_allocator
 from twin.memory.regions import Region, RegionAllocator
@@ -143,7 +144,7 @@ class BuddySpace:
             assert a % (1 << o) == 0 and o <= self.root_order(a), (a, o)
             if o < self.root_order(a):
                 assert not self._has(o, a ^ (1 << o)), ("uncoalesced buddies", a, o)
-        for (a, o), (b, _) in zip(blocks, blocks[1:]):
+        for (a, o), (b, _) in pairwise(blocks):
             assert a + (1 << o) <= b, ("free overlap", a, b)
         return blocks
 
@@ -151,9 +152,14 @@ class BuddySpace:
 class BuddyAllocator(RegionAllocator):
     name = "buddy"
 
-    def __init__(self, capacity: int, *, bytes_per_token: float | None = None,
-                 min_block_bytes: float = DEFAULT_MIN_BLOCK_BYTES,
-                 min_block_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        bytes_per_token: float | None = None,
+        min_block_bytes: float = DEFAULT_MIN_BLOCK_BYTES,
+        min_block_tokens: int | None = None,
+    ) -> None:
         if min_block_tokens is None:
             if not bytes_per_token:
                 raise ValueError("buddy allocator: give bytes_per_token or min_block_tokens")
@@ -162,8 +168,10 @@ class BuddyAllocator(RegionAllocator):
             raise ValueError(f"min block must be a power of two of tokens: {min_block_tokens}")
         units = capacity // min_block_tokens
         if units < 1:
-            raise ValueError(f"buddy minimum block ({min_block_tokens} tokens) is larger than "
-                             f"the KV pool ({capacity} tokens)")
+            raise ValueError(
+                f"buddy minimum block ({min_block_tokens} tokens) is larger than "
+                f"the KV pool ({capacity} tokens)"
+            )
         super().__init__(units * min_block_tokens)
         self.mb = min_block_tokens
         self.space = BuddySpace(units)
@@ -186,8 +194,7 @@ class BuddyAllocator(RegionAllocator):
         self.space.give(r.addr // self.mb, self._ord(r))
 
     def _trim(self, r: Region) -> None:
-        r.size = self.mb << self.space.trim(r.addr // self.mb, self._ord(r),
-                                            -(-r.used // self.mb))
+        r.size = self.mb << self.space.trim(r.addr // self.mb, self._ord(r), -(-r.used // self.mb))
 
     def free_space(self) -> int:
         return self.space.free_units * self.mb
@@ -242,7 +249,7 @@ class BuddyAllocator(RegionAllocator):
                 return None
             plans.append(plan)
         self.space = space
-        return sum(self._apply(o, self.home[o], p) for o, p in zip(short, plans))
+        return sum(self._apply(o, self.home[o], p) for o, p in zip(short, plans, strict=True))
 
     def _regrow(self, owner: Owner, r: Region, n: int) -> bool:
         return self._grow_short([owner], n) is not None
@@ -272,8 +279,9 @@ class BuddyAllocator(RegionAllocator):
         for r in live:
             o = self._ord(r)
             assert r.size == self.mb << o and r.addr % r.size == 0, r
-        spans = sorted([(r.addr, r.size) for r in live] +
-                       [(a * self.mb, self.mb << o) for a, o in free])
+        spans = sorted(
+            [(r.addr, r.size) for r in live] + [(a * self.mb, self.mb << o) for a, o in free]
+        )
         at = 0
         for a, s in spans:  # blocks and free blocks tile the address space exactly
             assert a == at, ("gap or overlap at", at, a)
@@ -282,9 +290,16 @@ class BuddyAllocator(RegionAllocator):
 
 
 @register_allocator("buddy")
-def _make(capacity: int, bytes_per_token: float | None = None,
-          min_block_bytes: float = DEFAULT_MIN_BLOCK_BYTES, min_block_tokens: int | None = None,
-          **_: object) -> BuddyAllocator:
-    return BuddyAllocator(capacity, bytes_per_token=bytes_per_token,
-                          min_block_bytes=min_block_bytes, min_block_tokens=min_block_tokens)
-
+def _make(
+    capacity: int,
+    bytes_per_token: float | None = None,
+    min_block_bytes: float = DEFAULT_MIN_BLOCK_BYTES,
+    min_block_tokens: int | None = None,
+    **_: object,
+) -> BuddyAllocator:
+    return BuddyAllocator(
+        capacity,
+        bytes_per_token=bytes_per_token,
+        min_block_bytes=min_block_bytes,
+        min_block_tokens=min_block_tokens,
+    )

@@ -9,6 +9,7 @@ trimmed to its used tokens when the request leaves."""
 from __future__ import annotations
 
 import bisect
+from itertools import pairwise
 
 from twin.memory import AllocResult, Owner, register_allocator
 from twin.memory.regions import Region, RegionAllocator
@@ -70,9 +71,9 @@ class RunSpace:
         return max(self.lengths, default=0)
 
     def check(self) -> list[tuple[int, int]]:
-        runs = list(zip(self.starts, self.lengths))
+        runs = list(zip(self.starts, self.lengths, strict=True))
         assert sum(self.lengths) == self.total and all(n > 0 for n in self.lengths)
-        for (a, n), (b, _) in zip(runs, runs[1:]):
+        for (a, n), (b, _) in pairwise(runs):
             assert a + n < b, ("free runs overlap or touch", a, n, b)
         assert not runs or runs[-1][0] + runs[-1][1] <= self.limit
         return runs

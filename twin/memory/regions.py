@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -146,8 +147,11 @@ class RegionAllocator(KVAllocator):
 
     def _rooms(self, owners: Sequence[Owner]) -> np.ndarray:
         home = self.home
-        return np.fromiter(((r.size - r.used) if (r := home.get(o)) else 0 for o in owners),
-                           np.int64, count=len(owners))
+        return np.fromiter(
+            ((r.size - r.used) if (r := home.get(o)) else 0 for o in owners),
+            np.int64,
+            count=len(owners),
+        )
 
     def decode_steps(self, owners: Sequence[Owner], room: int) -> int:
         """Steps before any owner fills its region (at most room // len(owners))."""
@@ -156,7 +160,9 @@ class RegionAllocator(KVAllocator):
         return int(min(self._rooms(owners).min(), room // len(owners)))
 
     def grow_all(self, owners: Sequence[Owner], k: int) -> int | None:
-        short = [o for o, room in zip(owners, self._rooms(owners).tolist()) if room < k]
+        short = [
+            o for o, room in zip(owners, self._rooms(owners).tolist(), strict=True) if room < k
+        ]
         moved = self._grow_short(short, k) if short else 0
         if moved is None:
             return None
@@ -191,11 +197,19 @@ class RegionAllocator(KVAllocator):
     def stats(self) -> AllocatorStats:
         free = self.free_space()
         allocated = self.capacity - self.reserved - free
-        return AllocatorStats(self.capacity, self.stored_total, allocated, free,
-                              self.largest_free(), self.failures[AllocResult.OOM],
-                              self.failures[AllocResult.FRAGMENTED], self.compactions,
-                              self.moved, reserved=self.reserved,
-                              reallocations=self.reallocations)
+        return AllocatorStats(
+            self.capacity,
+            self.stored_total,
+            allocated,
+            free,
+            self.largest_free(),
+            self.failures[AllocResult.OOM],
+            self.failures[AllocResult.FRAGMENTED],
+            self.compactions,
+            self.moved,
+            reserved=self.reserved,
+            reallocations=self.reallocations,
+        )
 
     def _check_regions(self) -> list[Region]:
         live = sorted(self.regions(), key=lambda r: r.addr)
@@ -204,7 +218,7 @@ class RegionAllocator(KVAllocator):
             assert r.used == sum(r.holders.values()) <= r.size, r
             assert all(v >= 0 for v in r.holders.values()), r
             assert r.home is None or self.home[r.home] is r, r
-        for a, b in zip(live, live[1:]):
+        for a, b in pairwise(live):
             assert a.addr + a.size <= b.addr, ("overlap", a, b)
         assert sum(r.used for r in live) == self.stored_total
         assert sum(r.size for r in live) + self.free_space() + self.reserved == self.capacity
