@@ -27,6 +27,8 @@ class SimConfig:
     horizon_s: float | None = None
     sample_every_s: float = 1.0
     debug_checks: bool = False
+    buddy_min_block_bytes: float = 256 * 2**20  # --buddy-min-block (the users' 256 MB)
+    kv_reserve_fraction: float = 0.15  # --kv-reserve-fraction (contiguous; the users' 15%)
 
 
 @dataclass
@@ -71,7 +73,9 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     if name == "token" and cfg.args.page_size > 1:
         name = "paged"  # SGLang's pool with --page-size > 1 allocates whole pages
     alloc = make_allocator(name, cap.max_total_num_tokens, page_size=cfg.args.page_size,
-                           bytes_per_token=cap.kv_bytes_per_token)
+                           bytes_per_token=cap.kv_bytes_per_token,
+                           min_block_bytes=cfg.buddy_min_block_bytes,
+                           reserve_fraction=cfg.kv_reserve_fraction)
     rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
                   debug_checks=cfg.debug_checks)
