@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from runtime.cpu import install, model, serve, shim
+from runtime.cpu import install, model, pins, serve, shim
 from servetwin.cli import build_parser
 
 pytestmark = pytest.mark.offline
@@ -159,3 +159,10 @@ def test_stop_sends_only_what_is_needed():
     leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
     serve.stop_process_group(leader)
     assert leader.returncode == -signal.SIGINT
+
+
+def test_locked_versions_are_exact_and_leave_the_core_pins_alone():
+    names = [line.split("==")[0].lower() for line in pins.LOCKED]
+    assert all(line.count("==") == 1 for line in pins.LOCKED)
+    assert not {"torch", "torchvision", "triton", "sglang"} & set(names)
+    assert len(names) == len(set(names))

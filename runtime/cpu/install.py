@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.cpu import model
+from runtime.cpu.pins import LOCKED
 from twin.errors import ServetwinError
 
 ENV_VAR = "SERVETWIN_SGLANG_ENV"
@@ -55,7 +56,7 @@ DEPENDENCIES = (
     "uvloop", "jsonschema", "xgrammar==0.2.7", "soundfile==0.13.1", "python-multipart",
     "datasets", "python-dateutil<3", "prometheus-client>=0.20.0",
 )  # fmt: skip
-RECIPE_VERSION = 1  # bump when the steps change, so existing installs are redone
+RECIPE_VERSION = 2  # bump when the steps change, so existing installs are redone
 
 Log = Callable[[str], None]
 
@@ -164,13 +165,16 @@ def _steps(harness: Harness) -> list[tuple[str, Callable[[], None]]]:
 
     return [
         ("create the virtualenv", lambda: _create_venv(harness, constraints)),
-        (f"CPU torch {TORCH_VERSION}", lambda: _run([*pip, f"torch=={TORCH_VERSION}"])),
+        (
+            f"CPU torch {TORCH_VERSION}",
+            lambda: _run([*pip, "-c", str(constraints), f"torch=={TORCH_VERSION}"]),
+        ),
         (
             f"sglang {SGLANG_VERSION} without its dependencies",
             lambda: _run([*pip, "--no-deps", f"sglang=={SGLANG_VERSION}"]),
         ),
         (
-            f"{len(DEPENDENCIES)} curated dependencies (torch, triton, torchvision pinned)",
+            f"{len(DEPENDENCIES)} curated dependencies (all versions pinned)",
             lambda: _run([*pip, "-c", str(constraints), *DEPENDENCIES]),
         ),
         (
@@ -186,7 +190,7 @@ def _steps(harness: Harness) -> list[tuple[str, Callable[[], None]]]:
 def _create_venv(harness: Harness, constraints: Path) -> None:
     if not harness.python.exists():
         venv.EnvBuilder(with_pip=True, clear=False).create(harness.prefix)
-    constraints.write_text("\n".join(CONSTRAINTS) + "\n")
+    constraints.write_text("\n".join(CONSTRAINTS + LOCKED) + "\n")
 
 
 def _site_packages(harness: Harness) -> Path:
