@@ -110,6 +110,12 @@ class KVAllocator(ABC):
     @abstractmethod
     def stats(self) -> AllocatorStats: ...
 
+    def cache_slack(self) -> int:
+        """Allocated tokens, beyond the cached tokens themselves, that evicting every
+        radix-cache node would free (block allocators: the unused part of blocks only the
+        cache holds). 0 for pools that allocate token by token."""
+        return 0
+
     def compact(self) -> int:
         """Move live allocations together; returns tokens moved (the replica charges the
         copy time at HBM bandwidth). A pool with no placement moves nothing."""

@@ -204,9 +204,13 @@ class BuddyAllocator(RegionAllocator):
         return 0 if o is None else self.mb << o
 
     # ---- growth past a block ----------------------------------------------------------
-    def _plan(self, space: BuddySpace, owner: Owner, r: Region, k: int) -> tuple | None:
+    def _plan(self, space: BuddySpace, owner: Owner, r: Region | None, k: int) -> tuple | None:
         """On `space`, make room for k more tokens of `owner`: ("extend", order) in place,
-        or ("move", addr, order, old order or None when the old block is freed)."""
+        or ("move", addr, order, old order or None when the old block is freed); an owner
+        with no block (`r` None) gets ("move", addr, order, None)."""
+        if r is None:
+            addr = space.take(self._order(k))
+            return None if addr is None else ("move", addr, self._order(k), None)
         a, o = r.addr // self.mb, self._ord(r)
         target = self._order(r.used + k)
         if space.extend(a, o, target):
@@ -221,16 +225,23 @@ class BuddyAllocator(RegionAllocator):
             return ("move", addr, new_order, None)
         return ("move", addr, new_order, space.trim(a, o, -(-(r.used - own) // self.mb)))
 
-    def _apply(self, owner: Owner, r: Region, plan: tuple) -> int:
+    def _apply(self, owner: Owner, r: Region | None, plan: tuple) -> int:
         if plan[0] == "extend":
             r.size = self.mb << plan[1]
             return 0
         _, addr, order, old_order = plan
+        if r is None:
+            new = self._block(addr, order)
+            new.holders[owner], new.home = 0, owner
+            self.home[owner] = new
+            self.parts.setdefault(owner, []).append(new)
+            return 0
         own = r.holders.pop(owner)
         r.used -= own
         r.home = None
         if old_order is not None:
             r.size = self.mb << old_order
+            self.slack += r.size - r.used
         new = self._block(addr, order)
         new.holders[owner], new.used, new.home = own, own, owner
         self.home[owner] = new
@@ -243,13 +254,13 @@ class BuddyAllocator(RegionAllocator):
         space = self.space.copy()
         plans = []
         for o in short:
-            plan = self._plan(space, o, self.home[o], k)
+            plan = self._plan(space, o, self.home.get(o), k)
             if plan is None:
                 self._fail(len(short) * k)
                 return None
             plans.append(plan)
         self.space = space
-        return sum(self._apply(o, self.home[o], p) for o, p in zip(short, plans, strict=True))
+        return sum(self._apply(o, self.home.get(o), p) for o, p in zip(short, plans, strict=True))
 
     def _regrow(self, owner: Owner, r: Region, n: int) -> bool:
         return self._grow_short([owner], n) is not None

@@ -44,6 +44,7 @@ class RegionAllocator(KVAllocator):
         self.compactions = 0
         self.moved = 0  # tokens copied by compaction and re-allocation
         self.reallocations = 0
+        self.slack = 0  # unused tokens of regions only the cache holds (see cache_slack)
 
     # ---- placement (subclasses) ------------------------------------------------------
     def _place(self, n: int) -> Region | None:
@@ -108,6 +109,7 @@ class RegionAllocator(KVAllocator):
 
     def free(self, owner: Owner) -> None:
         for r in self.parts.pop(owner, []):
+            self.slack -= _slack(r)
             n = r.holders.pop(owner)
             r.used -= n
             self.stored_total -= n
@@ -118,12 +120,15 @@ class RegionAllocator(KVAllocator):
                 self._release(r)
             elif r.home is None:
                 self._trim(r)
+                self.slack += _slack(r)
 
     def free_tokens(self, owner: Owner, n: int) -> None:
         for r in reversed(self.parts[owner]):
             k = min(n, r.holders[owner])
             r.holders[owner] -= k
             r.used -= k
+            if r.home is None:
+                self.slack += k
             self.stored_total -= k
             n -= k
             if not n:
@@ -144,6 +149,13 @@ class RegionAllocator(KVAllocator):
             if not n:
                 return
         raise ValueError(f"owner {src} transfers {n} tokens more than it holds")
+
+    def cache_slack(self) -> int:
+        """Allocated but unused tokens in regions held only by radix-cache nodes: they come
+        back, beyond the nodes' own tokens, once those nodes are evicted. A room estimate
+        `available() + evictable` misses them (a node of 40 tokens can pin a 2,048-token
+        block)."""
+        return self.slack
 
     def _rooms(self, owners: Sequence[Owner]) -> np.ndarray:
         home = self.home
@@ -173,9 +185,19 @@ class RegionAllocator(KVAllocator):
 
     def _grow_short(self, short: list[Owner], k: int) -> int | None:
         """Give every owner of `short` room for k more tokens; the tokens copied, or None
-        (nothing changed). By default regions do not grow."""
-        self._fail(len(short) * k)
-        return None
+        (nothing changed). By default regions do not grow: only owners without one get a
+        region of k tokens."""
+        if any(o in self.home for o in short):
+            self._fail(len(short) * k)
+            return None
+        placed = []
+        for o in short:
+            if self._new_home(o, k) is not AllocResult.OK:
+                for p in reversed(placed):
+                    self.free(p)
+                return None
+            placed.append(o)
+        return 0
 
     def stored(self) -> int:
         return self.stored_total
@@ -221,7 +243,12 @@ class RegionAllocator(KVAllocator):
         for a, b in pairwise(live):
             assert a.addr + a.size <= b.addr, ("overlap", a, b)
         assert sum(r.used for r in live) == self.stored_total
+        assert sum(_slack(r) for r in live) == self.slack, ("slack", self.slack)
         assert sum(r.size for r in live) + self.free_space() + self.reserved == self.capacity
         for o, rs in self.parts.items():
             assert all(o in r.holders for r in rs), o
         return live
+
+
+def _slack(r: Region) -> int:
+    return r.size - r.used if r.home is None else 0
