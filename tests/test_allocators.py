@@ -151,6 +151,7 @@ def test_buddy_three_owners_by_hand():
     assert b.alloc(1, 16) is AllocResult.OK  # 16 at 32
     assert b.alloc(2, 40) is AllocResult.OK  # 3 units -> 64 at 64
     assert [(r.addr, r.size) for r in b.regions()] == [(0, 32), (32, 16), (64, 64)]
+    assert [b.footprint(n) for n in (1, 16, 17, 40, 65)] == [16, 16, 32, 64, 128]
     s = b.stats()
     assert (s.stored, s.allocated, s.free, s.largest_free_run) == (76, 112, 16, 16)
     assert s.internal_fragmentation == pytest.approx(36 / 112)

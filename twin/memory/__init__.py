@@ -110,6 +110,11 @@ class KVAllocator(ABC):
     @abstractmethod
     def stats(self) -> AllocatorStats: ...
 
+    def footprint(self, n: int) -> int:
+        """Free tokens a new owner of n tokens takes (a block allocator rounds up to its
+        block): what an admission budget should subtract."""
+        return n
+
     def cache_slack(self) -> int:
         """Allocated tokens, beyond the cached tokens themselves, that evicting every
         radix-cache node would free (block allocators: the unused part of blocks only the

@@ -179,6 +179,9 @@ class BuddyAllocator(RegionAllocator):
     def _order(self, n: int) -> int:
         return (-(-n // self.mb) - 1).bit_length() if n > 0 else 0
 
+    def footprint(self, n: int) -> int:
+        return self.mb << self._order(n)
+
     def _block(self, addr: int, order: int) -> Region:
         return Region(addr * self.mb, self.mb << order)
 
