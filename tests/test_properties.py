@@ -44,7 +44,12 @@ def configs(draw):
             enable_priority_scheduling=draw(st.booleans()),
             page_size=draw(st.sampled_from([1, 1, 16])),
         ),
-        gpu=GPU, step_time_backend="roofline", sample_every_s=0.05, debug_checks=True)
+        gpu=GPU, step_time_backend="roofline", sample_every_s=0.05, debug_checks=True,
+        preemption_mode=draw(st.sampled_from(["off", "off", "conservative", "moderate",
+                                              "aggressive"])),
+        time_slice_ms=draw(st.sampled_from([5.0, 50.0])),
+        swap_min_tokens=draw(st.sampled_from([None, None, 1, 200])),
+        host_kv_bytes=draw(st.sampled_from([0.0, 2e5, 1e12])))
 
 
 SETTINGS = settings(max_examples=60, deadline=None,

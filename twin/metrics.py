@@ -18,6 +18,8 @@ RECORD_FIELDS = (
     "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "retractions", "preemptions",
     "status", "error",
 )
+# twin-only fields after the shared schema (live records may leave them out)
+EXTRA_FIELDS = ("lost_s", "kv_moved_bytes")
 STATUSES = ("ok", "rejected", "aborted", "failed")
 PERCENTILES = (50, 90, 99)
 
@@ -56,6 +58,8 @@ def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
             "preemptions": r.preemptions,
             "status": r.status,
             "error": r.error,
+            "lost_s": _r(r.lost_s),
+            "kv_moved_bytes": round(r.moved_bytes),
         })
     return out
 
@@ -130,6 +134,8 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
         if prompt else None,
         "retractions": sum(r["retractions"] for r in records),
         "preemptions": sum(r["preemptions"] for r in records),
+        "preemption_lost_s": round(sum(r.get("lost_s") or 0 for r in records), 6),
+        "kv_moved_bytes": sum(r.get("kv_moved_bytes") or 0 for r in records),
     }
     if slo is not None and slo.any():
         summary["slo"] = {

@@ -39,7 +39,21 @@ class Counters:
     mixed_steps: int = 0
     retractions: int = 0
     preemptions: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swapped_bytes: float = 0.0
+    stall_s: float = 0.0  # time the replica spent copying KV (swap, compaction)
     busy_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SwapConfig:
+    """Swap instead of recompute for preempted or retracted requests holding at least
+    `min_tokens` KV tokens, while host memory (`host_bytes`) has room. Copies run over the
+    GPU's host link (`GpuSpec.host_link_bw`) and stall the replica."""
+
+    min_tokens: int | None = None  # None: always recompute (SGLang's behaviour)
+    host_bytes: float = 0.0
 
 
 class Adder:
@@ -88,9 +102,17 @@ class Adder:
         return req if truncated else None
 
     def add_one(self, req: SimRequest) -> str:
+        future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
+        if req.swapped_tokens:  # comes back from host memory: KV room, no compute
+            total = req.swapped_tokens + future
+            if total >= self.rem_total():
+                return NO_TOKEN
+            self.can_run.append((req, 0))
+            self.total_offset += total
+            self.cur_offset += req.swapped_tokens
+            return self.state()
         extend = req.fill_len - req.prefix_len
         input_tokens = self.rep.ceil_page(extend)
-        future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
         total = extend + future
         if total >= self.rem_total():
             return NO_TOKEN
@@ -121,7 +143,8 @@ class Replica:
     def __init__(self, env: simpy.Environment, args: ServerArgs, cap: Capacity,
                  step_time: StepTimeModel, policy: Policy, source: Source,
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
-                 sample_every_s: float = 1.0, debug_checks: bool = False) -> None:
+                 sample_every_s: float = 1.0, debug_checks: bool = False,
+                 swap: SwapConfig | None = None) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.source = policy, source
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
@@ -136,7 +159,11 @@ class Replica:
         self.finished: list[SimRequest] = []
         self.batch_full = False
         self.shrunk = False  # the running batch lost requests since the last decode pass
-        self.preempt = args.enable_priority_scheduling
+        self.preempt = args.enable_priority_scheduling or policy.preempts
+        self.slice_s = policy.time_slice_s
+        self.swap = swap or SwapConfig()
+        self.host_used = 0.0  # bytes of swapped-out KV in host memory
+        self._stall = 0.0  # copy time (swap, compaction) to charge before the next step
         self.init_ratio = min(C.INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * C.MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / C.NEW_TOKEN_RATIO_DECAY_STEPS
@@ -183,7 +210,7 @@ class Replica:
         req.node = None
 
     def _match(self, req: SimRequest) -> None:
-        if self.tree is None:
+        if self.tree is None or req.swapped_tokens:
             req.prefix_len, req.matched_node = 0, None
             return
         n, node = self.tree.match(req.req.segments, self.env.now)
@@ -200,6 +227,11 @@ class Replica:
             self._sample(now)
             if self.horizon is not None and now >= self.horizon:
                 break
+            if self._stall > 0:
+                stall, self._stall = self._stall, 0.0
+                self.counters.stall_s += stall
+                yield self.env.timeout(stall)
+                continue
             batch = self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
@@ -315,8 +347,17 @@ class Replica:
         return True
 
     def _run_prefill(self, batch: list[tuple[SimRequest, int]]) -> Iterator[simpy.Event]:
+        if self._stall > 0:  # victims' KV must reach the host before its room is reused
+            stall, self._stall = self._stall, 0.0
+            self.counters.stall_s += stall
+            yield self.env.timeout(stall)
         now = self.env.now
+        restored, swap_in_s = [], 0.0
         for req, ext in list(batch):
+            if req.swapped_tokens:
+                batch.remove((req, ext))
+                swap_in_s += self._swap_in(req, restored)
+                continue
             if req.computed == 0:  # a new round: its matched prefix is cached
                 req.computed = req.prefix_len
                 req.cached_tokens += req.prefix_len
@@ -327,13 +368,18 @@ class Replica:
                 self._abort_prefill(req)
                 continue
             req.private += ext
+        if not batch:
+            if swap_in_s:
+                self.counters.stall_s += swap_in_s
+                yield self.env.timeout(swap_in_s)
+            self._join_running(restored, self.env.now)
+            return
         decoders = self.running if self.args.enable_mixed_chunk else []
         if decoders and not self._grow_decoders(decoders, 1):
             decoders = []
-        if not batch:
-            return
         chunks = [(ext, req.computed) for req, ext in batch]
-        dur = self.st.step_time(chunks, [r.fill_len for r in decoders])
+        dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
+        self.counters.stall_s += swap_in_s
         if self.step_log is not None:
             self.step_log.append(("mixed" if decoders else "prefill", now,
                                   [(r.rid, e) for r, e in batch], [r.rid for r in decoders]))
@@ -352,8 +398,33 @@ class Replica:
             if req is self.chunked:
                 continue
             self._prefill_done(req, end)
+        self._join_running(restored, end)
         if decoders:
             self._finish_done(end)
+
+    def _join_running(self, reqs: list[SimRequest], now: float) -> None:
+        for req in reqs:
+            req.dec_start = len(self.step_end)
+            req.round_start_s = now
+            if req.left_batch_s is not None:
+                req.lost_s += now - req.left_batch_s
+                req.left_batch_s = None
+            self.running.append(req)
+
+    def _swap_in(self, req: SimRequest, restored: list[SimRequest]) -> float:
+        """Bring a swapped-out request's KV back over the host link; it decodes next."""
+        n = req.swapped_tokens
+        if not self._take_kv(req.index, n) and not self._make_room(req.index, n):
+            self.waiting.append(req)  # stays swapped out; tried again in a later pass
+            return 0.0
+        nbytes = n * self.cap.kv_bytes_per_token
+        req.private, req.swapped_tokens = n, 0
+        req.moved_bytes += nbytes
+        self.host_used -= nbytes
+        self.counters.swap_ins += 1
+        self.counters.swapped_bytes += nbytes
+        restored.append(req)
+        return nbytes / self.cap.gpu.host_link_bw
 
     def _prefill_done(self, req: SimRequest, end: float) -> None:
         """The round's prefill completed: the next token is out, the prompt is cached."""
@@ -378,8 +449,7 @@ class Replica:
         if req.remaining <= 0:
             self._finish(req, end)
         else:
-            req.dec_start = len(self.step_end)
-            self.running.append(req)
+            self._join_running([req], end)
 
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
@@ -439,6 +509,9 @@ class Replica:
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
         candidates = [self._next_sample]
+        if self.slice_s:
+            candidates.append((math.floor(self.env.now / self.slice_s + 1e-9) + 1)
+                              * self.slice_s)
         if self.horizon is not None:
             candidates.append(self.horizon)
         if not self.batch_full or self.preempt:
@@ -519,8 +592,11 @@ class Replica:
 
     def _release_to_queue(self, r: SimRequest, preempted: bool) -> None:
         self._close_tokens(r)
+        self._swap_out(r)
         self._release_kv(r)
         r.computed = 0
+        r.round_start_s = None
+        r.left_batch_s = self.env.now
         r.queue_entry_s = self.env.now
         if preempted:
             r.preemptions += 1
@@ -530,11 +606,27 @@ class Replica:
             self.counters.retractions += 1
         self.waiting.append(r)
 
+    def _swap_out(self, r: SimRequest) -> None:
+        """Copy the request's whole KV to host memory when swapping is on, it holds enough
+        tokens and the host has room; otherwise it will be recomputed."""
+        kv = r.prompt_tokens + r.generated_tokens - 1
+        nbytes = kv * self.cap.kv_bytes_per_token
+        if (self.swap.min_tokens is None or kv < self.swap.min_tokens
+                or self.host_used + nbytes > self.swap.host_bytes):
+            return
+        r.swapped_tokens = kv
+        r.moved_bytes += nbytes
+        self.host_used += nbytes
+        self._stall += nbytes / self.cap.gpu.host_link_bw
+        self.counters.swap_outs += 1
+        self.counters.swapped_bytes += nbytes
+
     def _finish(self, r: SimRequest, now: float) -> None:
         self._close_tokens(r)
+        out_kv = r.generated_tokens - 1  # the last token never enters the KV cache
         if self.tree is not None and r.private > 0:
             # SGLang caches the finished sequence; outputs are unique to the request
-            segs = r.req.segments + ((-(r.index + 1), r.private),)
+            segs = r.req.segments + (((-(r.index + 1), out_kv),) if out_kv > 0 else ())
             _, created = self.tree.insert(segs, now)
             for new in created:
                 self.alloc.transfer(r.index, -new.nid, new.tokens)

@@ -15,7 +15,8 @@ class SimRequest:
         "max_new_tokens", "generated_tokens", "prefix_len", "tokens_held", "index",
         "cached_tokens", "retractions", "preemptions", "status", "error",
         "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
-        "node", "computed", "private", "matched_node",
+        "node", "computed", "private", "matched_node", "round_start_s", "swapped_tokens",
+        "left_batch_s", "lost_s", "moved_bytes",
     )
 
     def __init__(self, req: Request, sent_s: float, index: int) -> None:
@@ -46,6 +47,11 @@ class SimRequest:
         self.matched_node: Node | None = None  # node found by the last prefix match
         self.computed = 0  # tokens of this round's fill whose KV exists
         self.private = 0  # KV tokens owned by the request, not by the radix cache
+        self.round_start_s: float | None = None  # when it last entered the running batch
+        self.swapped_tokens = 0  # KV tokens waiting in host memory (0: not swapped out)
+        self.left_batch_s: float | None = None  # when it was last preempted or retracted
+        self.lost_s = 0.0  # time spent out of the batch after preemptions and retractions
+        self.moved_bytes = 0.0  # KV bytes copied for it (swap out and in)
 
     @property
     def fill_len(self) -> int:

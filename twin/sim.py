@@ -9,11 +9,13 @@ from pathlib import Path
 import simpy
 
 from twin.config import Capacity, ServerArgs, derive_capacity
+from twin.errors import ConfigError
 from twin.memory import make_allocator
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
 from twin.perf import StepTimeModel, make_step_time
-from twin.policy import make_policy
-from twin.replica import Replica
+from twin.policy import Policy, make_policy
+from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
+from twin.replica import Replica, SwapConfig
 from twin.source import Source
 from twin.workload import Workload
 
@@ -29,6 +31,25 @@ class SimConfig:
     debug_checks: bool = False
     buddy_min_block_bytes: float = 256 * 2**20  # --buddy-min-block (the users' 256 MB)
     kv_reserve_fraction: float = 0.15  # --kv-reserve-fraction (contiguous; the users' 15%)
+    # the users' scheduler (twin/policy/slices.py); "off" = SGLang's own scheduling
+    preemption_mode: str = "off"
+    time_slice_ms: float = 50.0
+    priority_weights: ScoreWeights = field(default_factory=ScoreWeights)
+    preemption_threshold: float = 10.0
+    # swap to host memory instead of recompute (None: recompute, as SGLang)
+    swap_min_tokens: int | None = None
+    host_kv_bytes: float = 256 * 2**30
+
+    def __post_init__(self) -> None:
+        if self.preemption_mode not in ("off", *MODES):
+            raise ConfigError(f"--preemption-mode {self.preemption_mode!r}: allowed values: "
+                              f"off, {', '.join(MODES)}")
+        if self.time_slice_ms <= 0:
+            raise ConfigError(f"--time-slice-ms {self.time_slice_ms}: must be > 0")
+        if self.swap_min_tokens is not None and self.swap_min_tokens < 1:
+            raise ConfigError(f"--swap-min-tokens {self.swap_min_tokens}: must be >= 1")
+        if self.host_kv_bytes < 0:
+            raise ConfigError(f"--host-kv-bytes {self.host_kv_bytes}: must be >= 0")
 
 
 @dataclass
@@ -65,10 +86,7 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     cap = derive_capacity(cfg.args, cfg.gpu)
     backend = choose_backend(cfg, cap)
     st = step_time or make_step_time(backend, cap, cfg.args)
-    policy = make_policy(cfg.args.schedule_policy,
-                         priority_scheduling=cfg.args.enable_priority_scheduling,
-                         low_values_first=cfg.args.schedule_low_priority_values_first,
-                         preemption_threshold=cfg.args.priority_scheduling_preemption_threshold)
+    policy = build_policy(cfg)
     name = cfg.kv_allocator
     if name == "token" and cfg.args.page_size > 1:
         name = "paged"  # SGLang's pool with --page-size > 1 allocates whole pages
@@ -78,8 +96,19 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
                            reserve_fraction=cfg.kv_reserve_fraction)
     rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
-                  debug_checks=cfg.debug_checks)
+                  debug_checks=cfg.debug_checks,
+                  swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes))
     return rep, getattr(st, "name", backend)
+
+
+def build_policy(cfg: SimConfig) -> Policy:
+    if cfg.preemption_mode != "off":
+        return SlicePolicy(cfg.preemption_mode, cfg.time_slice_ms / 1000,
+                           cfg.priority_weights, cfg.preemption_threshold)
+    return make_policy(cfg.args.schedule_policy,
+                       priority_scheduling=cfg.args.enable_priority_scheduling,
+                       low_values_first=cfg.args.schedule_low_priority_values_first,
+                       preemption_threshold=cfg.args.priority_scheduling_preemption_threshold)
 
 
 def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,

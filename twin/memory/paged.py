@@ -1,9 +1,13 @@
 """Paged KV allocation: fixed pages of `page_size` tokens (vLLM-style; SGLang with
 `--page-size > 1`). Any free page serves any owner, so there is no external fragmentation;
-each owner's last page is partly empty (internal fragmentation). Pages are counted per
-owner; when a request hands tokens to a radix-cache node and the boundary falls inside a
-page, that page stays charged to whichever of the two still needs it, so the total never
-counts a page twice."""
+an owner's last page is partly empty (internal fragmentation).
+
+Pages are physical: each has a fill count and a reference count, and an owner holds a list
+of (page, tokens) entries in order. When a request hands its leading tokens to a radix-cache
+node (`transfer`) and the boundary falls inside a page, the page becomes shared by both
+(reference count 2) and is freed when both have let go, as the same slots are referenced by
+the cache and the request.
+"""
 
 from __future__ import annotations
 
@@ -23,86 +27,108 @@ class PagedAllocator(KVAllocator):
         self.page = page_size
         self.total_pages = capacity // page_size
         self.capacity = self.total_pages * page_size
-        self.stored_by: dict[Owner, int] = {}
-        self.pages_by: dict[Owner, int] = {}
-        self.used_pages = 0
+        self.fill = [0] * self.total_pages
+        self.refs = [0] * self.total_pages
+        self.free_pages = list(range(self.total_pages - 1, -1, -1))  # pop() = lowest
+        self.held: dict[Owner, list[list[int]]] = {}  # owner -> [[page, tokens], ...]
         self.stored_total = 0
         self._oom = 0
 
-    def _pages(self, tokens: int) -> int:
-        return -(-tokens // self.page)
+    # -- helpers --------------------------------------------------------------------------
+    def _room(self, owner: Owner) -> int:
+        entries = self.held.get(owner)
+        return self.page - self.fill[entries[-1][0]] if entries else 0
 
+    def _new_pages(self, owner: Owner, n: int) -> int:
+        return -(-max(0, n - self._room(owner)) // self.page)
+
+    def _put(self, owner: Owner, n: int) -> None:
+        entries = self.held.setdefault(owner, [])
+        if entries and n:
+            last = entries[-1]
+            take = min(n, self.page - self.fill[last[0]])
+            last[1] += take
+            self.fill[last[0]] += take
+            n -= take
+        while n > 0:
+            p = self.free_pages.pop()
+            take = min(n, self.page)
+            self.fill[p], self.refs[p] = take, 1
+            entries.append([p, take])
+            n -= take
+
+    def _drop(self, page: int, tokens: int) -> None:
+        self.fill[page] -= tokens
+        self.refs[page] -= 1
+        if self.refs[page] == 0:
+            self.fill[page] = 0
+            self.free_pages.append(page)
+
+    # -- interface ------------------------------------------------------------------------
     def available(self) -> int:
-        return (self.total_pages - self.used_pages) * self.page
-
-    def _extra(self, owner: Owner, n: int) -> int:
-        return max(0, self._pages(self.stored_by.get(owner, 0) + n)
-                   - self.pages_by.get(owner, 0))
+        return len(self.free_pages) * self.page
 
     def alloc(self, owner: Owner, n: int) -> AllocResult:
-        extra = self._extra(owner, n)
-        if extra > self.total_pages - self.used_pages:
+        if self._new_pages(owner, n) > len(self.free_pages):
             self._oom += 1
             return AllocResult.OOM
-        self.stored_by[owner] = self.stored_by.get(owner, 0) + n
-        self.pages_by[owner] = self.pages_by.get(owner, 0) + extra
-        self.used_pages += extra
+        self._put(owner, n)
         self.stored_total += n
         return AllocResult.OK
 
     def free(self, owner: Owner) -> None:
-        self.stored_total -= self.stored_by.pop(owner, 0)
-        self.used_pages -= self.pages_by.pop(owner, 0)
+        for page, tokens in self.held.pop(owner, []):
+            self.stored_total -= tokens
+            self._drop(page, tokens)
 
     def free_tokens(self, owner: Owner, n: int) -> None:
-        have = self.stored_by[owner] - n
-        self.stored_by[owner] = have
+        entries = self.held[owner]
         self.stored_total -= n
-        release = max(0, self.pages_by[owner] - self._pages(have))
-        self.pages_by[owner] -= release
-        self.used_pages -= release
+        while n > 0:
+            last = entries[-1]
+            take = min(n, last[1])
+            last[1] -= take
+            n -= take
+            if last[1] == 0:
+                entries.pop()
+                self._drop(last[0], take)
+            else:
+                self.fill[last[0]] -= take
 
     def transfer(self, src: Owner, dst: Owner, n: int) -> None:
-        """The tokens stay where they are: the pages src no longer needs for its remaining
-        tokens go to dst; a page holding both sides' tokens stays charged to src."""
-        src_left = self.stored_by[src] - n
-        moved = max(0, self.pages_by[src] - self._pages(src_left))
-        self.stored_by[src] = src_left
-        self.pages_by[src] -= moved
-        self.stored_by[dst] = self.stored_by.get(dst, 0) + n
-        self.pages_by[dst] = self.pages_by.get(dst, 0) + moved
-
-    def _extra_pages(self, owners: Sequence[Owner], k: int) -> int:
-        stored, pages = self._arrays(owners)
-        return int(np.maximum(-(-(stored + k) // self.page) - pages, 0).sum())
-
-    def _arrays(self, owners: Sequence[Owner]) -> tuple[np.ndarray, np.ndarray]:
-        n = len(owners)
-        stored = np.fromiter((self.stored_by.get(o, 0) for o in owners), np.int64, count=n)
-        pages = np.fromiter((self.pages_by.get(o, 0) for o in owners), np.int64, count=n)
-        return stored, pages
+        """dst takes src's leading n tokens in place; a page split between them is shared."""
+        entries = self.held[src]
+        moved: list[list[int]] = []
+        while n > 0:
+            first = entries[0]
+            if first[1] <= n:
+                moved.append(entries.pop(0))
+                n -= first[1]
+            else:
+                moved.append([first[0], n])
+                first[1] -= n
+                self.refs[first[0]] += 1
+                n = 0
+        self.held.setdefault(dst, []).extend(moved)
 
     def decode_steps(self, owners: Sequence[Owner], room: int) -> int:
-        free = self.total_pages - self.used_pages
+        rooms = np.fromiter((self._room(o) for o in owners), np.int64, count=len(owners))
+        free = len(self.free_pages)
         lo, hi = 0, room // len(owners)
-        stored, pages = self._arrays(owners)
         while lo < hi:  # the most steps whose new pages fit in the free pages
             mid = (lo + hi + 1) // 2
-            if int(np.maximum(-(-(stored + mid) // self.page) - pages, 0).sum()) <= free:
+            if int((-(-np.maximum(mid - rooms, 0) // self.page)).sum()) <= free:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
     def grow_all(self, owners: Sequence[Owner], k: int) -> int | None:
-        if self._extra_pages(owners, k) > self.total_pages - self.used_pages:
+        if sum(self._new_pages(o, k) for o in owners) > len(self.free_pages):
             self._oom += 1
             return None
         for o in owners:
-            extra = self._extra(o, k)
-            self.stored_by[o] = self.stored_by.get(o, 0) + k
-            self.pages_by[o] = self.pages_by.get(o, 0) + extra
-            self.used_pages += extra
+            self._put(o, k)
         self.stored_total += len(owners) * k
         return 0
 
@@ -110,15 +136,24 @@ class PagedAllocator(KVAllocator):
         return self.stored_total
 
     def stats(self) -> AllocatorStats:
-        free = (self.total_pages - self.used_pages) * self.page
-        return AllocatorStats(self.capacity, self.stored_total, self.used_pages * self.page,
-                              free, free, self._oom)
+        free = len(self.free_pages) * self.page
+        return AllocatorStats(self.capacity, self.stored_total, self.capacity - free, free,
+                              free, self._oom)
 
     def check_integrity(self) -> None:
-        assert sum(self.stored_by.values()) == self.stored_total
-        assert sum(self.pages_by.values()) == self.used_pages
-        assert 0 <= self.used_pages <= self.total_pages
-        assert all(p >= 0 for p in self.pages_by.values())
+        fill = [0] * self.total_pages
+        refs = [0] * self.total_pages
+        for entries in self.held.values():
+            for page, tokens in entries:
+                assert tokens > 0, "empty page entry"
+                fill[page] += tokens
+                refs[page] += 1
+        assert fill == self.fill and refs == self.refs
+        assert all(f <= self.page for f in fill)
+        assert sum(fill) == self.stored_total
+        free = set(self.free_pages)
+        assert len(free) == len(self.free_pages)
+        assert all((refs[p] == 0) == (p in free) for p in range(self.total_pages))
 
 
 @register_allocator("paged")

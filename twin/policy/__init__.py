@@ -35,6 +35,8 @@ class RequestView(Protocol):
     max_new_tokens: int
     generated_tokens: int
     tokens_held: int  # KV tokens it holds plus its reserved future tokens (running only)
+    first_token_s: float | None  # when its first token came out (None before)
+    round_start_s: float | None  # when it last entered the running batch (running only)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,13 @@ class Policy:
     name = "base"
     #: the replica fills `prefix_len` of waiting requests before `order` when this is true
     needs_prefix_match = False
+    #: the scheduler re-evaluates at least this often (seconds), not only on events
+    time_slice_s: float | None = None
+
+    @property
+    def preempts(self) -> bool:
+        """Whether `victims` may ever name a running request."""
+        return self.priority_scheduling
 
     def __init__(self, priority_scheduling: bool = False, low_values_first: bool = False,
                  preemption_threshold: int = 10) -> None:
@@ -159,3 +168,6 @@ def make_policy(name: str, *, priority_scheduling: bool = False, low_values_firs
     return _REGISTRY[name](priority_scheduling=priority_scheduling,
                            low_values_first=low_values_first,
                            preemption_threshold=preemption_threshold)
+
+
+from twin.policy import slices as _slices  # noqa: E402,F401  (registers "slices")

@@ -1,0 +1,98 @@
+"""The users' scheduler (time slices, three preemption modes) and swap, step by step.
+
+Prefill steps take 2 s, decode steps 1 s. `low` (tier 0) runs alone from t=0; `vip`
+(tier 20) arrives at 3.5 while the single running slot is taken. At the 4.0 boundary:
+low's score = 0 + 4 s waited - 0.1 x (3 tokens / 2 s) = 3.85; vip's = 20 + 0.5 = 20.5."""
+
+import pytest
+import simpy
+from helpers import GPU, MODEL, req
+from stepmodels import FixedStepTime
+
+from twin.config import ServerArgs
+from twin.metrics import twin_records
+from twin.sim import SimConfig, build_replica
+from twin.workload import Workload
+
+ST = FixedStepTime(prefill_s=2.0, decode_s=1.0)
+KV_BYTES = 131072  # Llama-3.1-8B, bf16, tp 1: 2 x 32 layers x 8 heads x 128 x 2 bytes
+HOST_BW = 31.5e9  # A100 SXM host link: PCIe 4.0 x16
+
+
+def run(mode, **cfg_kw):
+    reqs = [req("low", 0.0, 20, 10, prio=0), req("vip", 3.5, 20, 2, prio=20)]
+    cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_running_requests=1,
+                                    max_total_tokens=10_000),
+                    gpu=GPU, sample_every_s=1e9, debug_checks=True, preemption_mode=mode,
+                    **cfg_kw)
+    env = simpy.Environment()
+    rep, _ = build_replica(env, Workload("t", tuple(reqs)), cfg, ST)
+    rep.step_log = []
+    env.process(rep.run())
+    env.run()
+    return rep, {r["rid"]: r for r in twin_records(rep.finished, rep.step_end)}
+
+
+@pytest.mark.parametrize("mode", ["moderate", "aggressive"])
+def test_vip_preempts_at_the_next_boundary(mode):
+    rep, recs = run(mode, time_slice_ms=1000)
+    assert rep.step_log[:3] == [
+        ("prefill", 0.0, [("low", 20)], []),
+        ("decode", 2.0, ["low"], 1),
+        ("decode", 3.0, ["low"], 1),
+    ]
+    assert rep.step_log[3] == ("prefill", 4.0, [("vip", 20)], [])
+    assert recs["low"]["preemptions"] == 1 and recs["vip"]["ttft_s"] == 2.5
+    # low comes back after vip: its prompt is still in the radix cache, so only its 3
+    # outputs are recomputed; out of the batch from 4 until that recompute ends at 9
+    assert ("prefill", 7.0, [("low", 3)], []) in rep.step_log
+    assert recs["low"]["lost_s"] == 5.0 and recs["low"]["output_tokens"] == 10
+
+
+def test_conservative_never_preempts_it_only_reorders():
+    rep, recs = run("conservative", time_slice_ms=1000)
+    assert recs["low"]["preemptions"] == 0
+    assert recs["vip"]["arrival_s"] + recs["vip"]["ttft_s"] >= recs["low"]["e2e_s"]
+
+
+def test_moderate_spares_a_victim_that_has_not_run_a_slice():
+    # with a 10 s slice, low (running since t=2) is not yet preemptible at t=4
+    rep, recs = run("moderate", time_slice_ms=10_000)
+    assert recs["low"]["preemptions"] == 0
+
+
+def test_moderate_respects_the_score_threshold():
+    rep, recs = run("moderate", time_slice_ms=1000, preemption_threshold=30.0)
+    assert recs["low"]["preemptions"] == 0
+
+
+def test_swap_moves_the_kv_and_charges_pcie_time():
+    rep, recs = run("aggressive", time_slice_ms=1000, swap_min_tokens=1)
+    kv = 20 + 3 - 1  # prompt + generated - the token not yet in the cache
+    out_s = kv * KV_BYTES / HOST_BW
+    # swap-out stalls the replica before vip's prefill; swap-in joins low without recompute
+    assert rep.step_log[3] == ("prefill", pytest.approx(4.0 + out_s), [("vip", 20)], [])
+    assert recs["low"]["kv_moved_bytes"] == 2 * kv * KV_BYTES
+    assert rep.counters.swap_outs == 1 and rep.counters.swap_ins == 1
+    assert not any(s[0] == "prefill" and s[2][0][0] == "low" for s in rep.step_log[1:])
+    assert recs["low"]["output_tokens"] == 10 and recs["low"]["status"] == "ok"
+
+
+def test_swap_falls_back_to_recompute_when_the_host_is_full():
+    rep, recs = run("aggressive", time_slice_ms=1000, swap_min_tokens=1,
+                    host_kv_bytes=1000)
+    assert rep.counters.swap_outs == 0 and recs["low"]["kv_moved_bytes"] == 0
+    assert ("prefill", 7.0, [("low", 3)], []) in rep.step_log
+
+
+def test_time_slices_bound_decode_runs():
+    reqs = [req("a", 0.0, 20, 40)]
+    cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=10_000), gpu=GPU,
+                    sample_every_s=1e9, preemption_mode="conservative", time_slice_ms=5000)
+    env = simpy.Environment()
+    rep, _ = build_replica(env, Workload("t", tuple(reqs)), cfg, ST)
+    rep.step_log = []
+    env.process(rep.run())
+    env.run()
+    starts = [s[1] for s in rep.step_log if s[0] == "decode"]
+    assert starts[:3] == [2.0, 5.0, 10.0]  # runs end at the 5 s slice boundaries
