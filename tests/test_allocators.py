@@ -198,6 +198,17 @@ def test_buddy_grows_in_place_then_reallocates():
     b.check_integrity()
 
 
+def test_buddy_reserve_takes_the_block_up_front():
+    b = BuddyAllocator(128, min_block_tokens=16)
+    assert b.reserve(0, 40) is AllocResult.OK  # 64 tokens at 0, nothing stored
+    assert (b.stats().allocated, b.stats().stored) == (64, 0)
+    for _ in range(5):  # chunks of 8: no re-allocation
+        assert b.alloc(0, 8) is AllocResult.OK
+    assert b.stats().reallocations == 0 and b.home[0].size == 64
+    assert b.reserve(1, 128) is AllocResult.OOM
+    b.check_integrity()
+
+
 def test_buddy_block_lives_until_its_last_holder_frees():
     b = BuddyAllocator(32, min_block_tokens=4)
     b.alloc(0, 30)  # the whole pool

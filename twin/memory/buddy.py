@@ -22,7 +22,7 @@ import bisect
 import math
 from itertools import pairwise
 
-from twin.memory import Owner, register_allocator
+from twin.memory import AllocResult, Owner, register_allocator
 from twin.memory.regions import Region, RegionAllocator
 
 DEFAULT_MIN_BLOCK_BYTES = 256 * 2**20
@@ -264,6 +264,18 @@ class BuddyAllocator(RegionAllocator):
             plans.append(plan)
         self.space = space
         return sum(self._apply(o, self.home.get(o), p) for o, p in zip(short, plans, strict=True))
+
+    def reserve(self, owner: Owner, max_tokens: int) -> AllocResult:
+        """A block for `max_tokens` up front (e.g. the whole prompt, so chunked prefill does
+        not re-allocate at every chunk); an existing block grows as `alloc` would."""
+        r = self.home.get(owner)
+        if max_tokens <= 0 or (r is not None and r.size >= max_tokens):
+            return AllocResult.OK
+        if r is None:
+            return self._new_home(owner, max_tokens)
+        if self._grow_short([owner], max_tokens - r.used) is None:
+            return self._fail(max_tokens - r.used)
+        return AllocResult.OK
 
     def _regrow(self, owner: Owner, r: Region, n: int) -> bool:
         return self._grow_short([owner], n) is not None

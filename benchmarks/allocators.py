@@ -1,0 +1,141 @@
+"""KV memory per allocator on long-context mixes: effective utilization, fragmentation,
+failures, copies. Samples the allocator's statistics every `--every` simulated seconds
+(a SimPy process beside the replica) and prints the table of docs/memory.md.
+
+    python benchmarks/allocators.py [--workloads finance-qa long-64k-128k] [--every 0.25]
+
+Columns: `util` = tokens holding KV / capacity, averaged over the samples; `util|q` the same
+over the samples where requests were waiting (memory is the limit then); `alloc` allocated
+/ capacity; `int` internal fragmentation (allocated but unused / allocated), `ext` external
+(1 - largest free block or run / free), both averaged; `idle` (allocated - stored +
+reserve) / capacity; `oom`/`frag` failed allocations; `realloc`/`moved` buddy growth copies.
+
+`contiguous` needs the replica to call `reserve(owner, prompt + max new tokens)` at
+admission; until it does, this script emulates it (`Reserving` below: the owner index is
+the request's position in the workload, which holds for closed-loop and arrival-sorted
+workloads), and reserves the whole prompt even when a prefix is cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+
+import numpy as np
+import simpy
+
+from twin.config import ServerArgs
+from twin.memory import AllocResult
+from twin.memory.contiguous import ContiguousAllocator
+from twin.metrics import twin_records
+from twin.sim import SimConfig, build_replica
+from twin.workload import PRESETS, Workload, from_spec
+
+WORKLOADS = {
+    "finance-qa": lambda: PRESETS["finance-qa"](0),
+    "long-64k-128k": lambda: from_spec("arrival=closed,concurrency=8,n=48,"
+                                       "prompt=uniform:64000:128000,output=uniform:100:500",
+                                       seed=0, name="long-64k-128k"),
+}
+ALLOCATORS = ["token", "paged", "buddy", "contiguous"]
+MIB = 2**20
+
+
+class Reserving(ContiguousAllocator):
+    """Pre-allocates prompt + max new tokens at an owner's first allocation."""
+
+    def __init__(self, capacity: int, need: list[int], reserve_fraction: float) -> None:
+        super().__init__(capacity, reserve_fraction=reserve_fraction)
+        self.need = need
+
+    def alloc(self, owner: int, n: int) -> AllocResult:
+        if owner >= 0 and owner not in self.home and n > 0:
+            res = self.reserve(owner, max(n, self.need[owner]))
+            if res is not AllocResult.OK:
+                return res
+        return super().alloc(owner, n)
+
+
+def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
+        min_block_mib: float = 256) -> dict:
+    cfg = SimConfig(args=args, gpu=gpu, step_time_backend="roofline", kv_allocator=name,
+                    buddy_min_block_bytes=min_block_mib * MIB)
+    env = simpy.Environment()
+    rep, _ = build_replica(env, workload, cfg)
+    if name == "contiguous":
+        need = [r.prompt_tokens + r.output_tokens for r in workload.requests]
+        rep.alloc = Reserving(rep.alloc.capacity, need, cfg.kv_reserve_fraction)
+    proc = env.process(rep.run())
+    rows = []
+
+    def sample():
+        while proc.is_alive:
+            yield env.timeout(every)
+            s = rep.alloc.stats()
+            rows.append((s.effective_utilization, s.allocated / s.capacity,
+                         s.internal_fragmentation, s.external_fragmentation,
+                         (s.allocated - s.stored + s.reserved) / s.capacity,
+                         bool(rep.waiting)))
+
+    env.process(sample())
+    t0 = time.process_time()
+    env.run()
+    cpu = time.process_time() - t0
+    a = np.array(rows, dtype=float)
+    queued = a[a[:, 5] > 0]
+    s = rep.alloc.stats()
+    recs = twin_records(rep.finished, rep.step_end)
+    ok = [r for r in recs if r["status"] == "ok"]
+    label = f"buddy {min_block_mib:g} MiB" if name == "buddy" else name
+    return {"allocator": label, "util": a[:, 0].mean(),
+            "util|q": queued[:, 0].mean() if len(queued) else float("nan"),
+            "alloc": a[:, 1].mean(), "int": a[:, 2].mean(), "ext": a[:, 3].mean(),
+            "idle": a[:, 4].mean(), "oom": s.failures_oom, "frag": s.failures_fragmented,
+            "realloc": s.reallocations, "moved": s.tokens_moved, "ok": len(ok),
+            "n": len(recs), "retract": rep.counters.retractions, "sim_s": env.now,
+            "p99_ttft": float(np.percentile([r["ttft_s"] for r in ok], 99)) if ok else 0.0,
+            "cpu_s": cpu, "capacity": s.capacity}
+
+
+COLS = ["allocator", "util", "util|q", "alloc", "int", "ext", "idle", "oom", "frag",
+        "realloc", "moved", "ok", "retract", "sim_s", "p99_ttft", "cpu_s"]
+
+
+def fmt(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--allocators", nargs="+", default=ALLOCATORS, choices=ALLOCATORS)
+    ap.add_argument("--every", type=float, default=0.25, help="sample period, simulated s")
+    ap.add_argument("--model-path", default=ServerArgs.model_path)
+    ap.add_argument("--gpu", default="a100-pcie-80gb")
+    ap.add_argument("--tp-size", type=int, default=2)
+    ap.add_argument("--page-size", type=int, default=16, help="for the paged allocator")
+    ap.add_argument("--min-block-mib", type=float, nargs="+", default=[256, 64, 16],
+                    help="buddy minimum blocks to compare (the users': 256)")
+    ns = ap.parse_args()
+    print(f"# allocators {datetime.date.today()} on {platform.node()} "
+          f"({platform.processor() or platform.machine()}); {ns.model_path} on "
+          f"{ns.tp_size}x {ns.gpu}, roofline step times, "
+          f"contiguous reserve 15%, paged page {ns.page_size}")
+    for wname in ns.workloads:
+        w = WORKLOADS[wname]()
+        print(f"\n## {wname}: {len(w.requests)} requests\n")
+        print("| " + " | ".join(COLS) + " |")
+        print("|" + "---|" * len(COLS))
+        for name in ns.allocators:
+            page = ns.page_size if name == "paged" else 1
+            args = ServerArgs(model_path=ns.model_path, tp_size=ns.tp_size, page_size=page)
+            for mib in ns.min_block_mib if name == "buddy" else [256]:
+                r = run(w, name, ns.every, args, ns.gpu, mib)
+                print("| " + " | ".join(fmt(r[c]) for c in COLS) + " |", flush=True)
+        print(f"\ncapacity {r['capacity']} tokens")
+
+
+if __name__ == "__main__":
+    main()
