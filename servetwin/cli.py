@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "servetwin.cmd_simulate",
     "servetwin.cmd_perf",
     "servetwin.cmd_live",
+    "servetwin.cmd_claims",
 )
 
 

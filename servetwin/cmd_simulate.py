@@ -9,8 +9,9 @@ from pathlib import Path
 
 from servetwin.args import add_server_args, server_args_from
 from twin.config import derive_capacity
-from twin.errors import InfeasibleError
+from twin.errors import ConfigError, InfeasibleError
 from twin.metrics import SLO, format_summary
+from twin.policy.slices import ScoreWeights
 from twin.sim import SimConfig, simulate
 from twin.traces import formats, load_trace
 from twin.workload import PRESETS, SPEC_HELP, get_workload
@@ -38,6 +39,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start S seconds into the trace (default 0)")
     w.add_argument("--trace-limit", type=int, default=None, help="use at most N requests")
     w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    m = p.add_argument_group("the users' scheduler and memory design (twin-only, not SGLang flags)")
+    m.add_argument("--preemption-mode", default="off",
+                   choices=["off", "conservative", "moderate", "aggressive"],
+                   help="off = SGLang's own scheduling (default); the others use a score "
+                   "from VIP tier, time waited and generation speed (docs/architecture.md)")
+    m.add_argument("--time-slice-ms", type=float, default=50.0,
+                   help="re-evaluate priorities at least this often (default 50)")
+    m.add_argument("--priority-weights", default="1,1,0.1",
+                   help="score weights TIER,WAIT(per s),SPEED(per token/s) (default 1,1,0.1)")
+    m.add_argument("--preemption-threshold", type=float, default=10.0,
+                   help="score gap above which moderate mode preempts (default 10)")
+    m.add_argument("--swap-min-tokens", type=int, default=None,
+                   help="swap preempted requests with at least N KV tokens to host memory "
+                   "instead of recomputing (default: always recompute, as SGLang)")
+    m.add_argument("--host-kv-bytes", type=float, default=256 * 2**30,
+                   help="host memory for swapped KV, bytes (default 256 GiB)")
+    m.add_argument("--kv-allocator", default="token",
+                   help="token (SGLang's pool, default) | paged | buddy | contiguous")
+    m.add_argument("--buddy-min-block", type=float, default=256 * 2**20,
+                   help="buddy allocator's minimum block in bytes (default 256 MiB)")
+    m.add_argument("--kv-reserve-fraction", type=float, default=0.15,
+                   help="contiguous allocator's safety reserve (default 0.15)")
     s = p.add_argument_group("simulation and output")
     s.add_argument("--step-time-backend", default=None,
                    help="roofline | opdb | fitted (default: opdb where measured data covers "
@@ -59,12 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _workload(ns: argparse.Namespace):
     if ns.trace is not None:
         if ns.workload:
-            from twin.errors import ConfigError
-
             raise ConfigError("give either --workload or --trace, not both")
         if not ns.trace_format:
-            from twin.errors import ConfigError
-
             raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
         return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
                           offset_s=ns.trace_offset, limit=ns.trace_limit)
@@ -92,11 +111,24 @@ class Progress:
             print(file=sys.stderr)
 
 
+def sim_config(ns: argparse.Namespace, args) -> SimConfig:
+    try:
+        weights = ScoreWeights.parse(ns.priority_weights)
+    except ValueError as exc:
+        raise ConfigError(f"--priority-weights: {exc}") from None
+    return SimConfig(args=args, gpu=ns.gpu, step_time_backend=ns.step_time_backend,
+                     horizon_s=ns.horizon, debug_checks=ns.debug_checks,
+                     kv_allocator=ns.kv_allocator, buddy_min_block_bytes=ns.buddy_min_block,
+                     kv_reserve_fraction=ns.kv_reserve_fraction,
+                     preemption_mode=ns.preemption_mode, time_slice_ms=ns.time_slice_ms,
+                     priority_weights=weights, preemption_threshold=ns.preemption_threshold,
+                     swap_min_tokens=ns.swap_min_tokens, host_kv_bytes=ns.host_kv_bytes)
+
+
 def run(ns: argparse.Namespace) -> int:
     args = server_args_from(ns)
     workload = _workload(ns)
-    cfg = SimConfig(args=args, gpu=ns.gpu, step_time_backend=ns.step_time_backend,
-                    horizon_s=ns.horizon, debug_checks=ns.debug_checks)
+    cfg = sim_config(ns, args)
     cap = derive_capacity(args, ns.gpu)
     if not ns.json:
         _print_header(ns, cap, workload)

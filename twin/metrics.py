@@ -178,8 +178,8 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
-SERIES_FIELDS = ("t_s", "running", "waiting", "kv_used_tokens", "radix_cached_tokens",
-                 "new_token_ratio")
+SERIES_FIELDS = ("t_s", "running", "waiting", "kv_stored_tokens", "kv_allocated_tokens",
+                 "kv_largest_free_run", "radix_cached_tokens", "new_token_ratio")
 
 
 def format_summary(s: dict) -> str:

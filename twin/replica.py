@@ -37,6 +37,7 @@ class Counters:
     prefill_steps: int = 0
     decode_steps: int = 0
     mixed_steps: int = 0
+    prefill_tokens: int = 0  # tokens computed by prefill (recomputation included)
     retractions: int = 0
     preemptions: int = 0
     swap_outs: int = 0
@@ -378,6 +379,7 @@ class Replica:
         if decoders and not self._grow_decoders(decoders, 1):
             decoders = []
         chunks = [(ext, req.computed) for req, ext in batch]
+        self.counters.prefill_tokens += sum(ext for _, ext in batch)
         dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
         self.counters.stall_s += swap_in_s
         if self.step_log is not None:
@@ -666,8 +668,10 @@ class Replica:
         if now < self._next_sample:
             return
         cached = self.tree.total_tokens if self.tree else 0
-        self.series.append((round(now, 6), len(self.running), len(self.waiting),
-                            self.alloc.stored(), cached, round(self.new_token_ratio, 4)))
+        st = self.alloc.stats()
+        self.series.append((round(now, 6), len(self.running), len(self.waiting), st.stored,
+                            st.allocated, st.largest_free_run, cached,
+                            round(self.new_token_ratio, 4)))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.progress is not None:
             self.progress(len(self.finished), now)
