@@ -13,7 +13,10 @@ reserve) / capacity; `oom`/`frag` failed allocations; `realloc`/`moved` buddy gr
 `contiguous` needs the replica to call `reserve(owner, prompt + max new tokens)` at
 admission; until it does, this script emulates it (`Reserving` below: the owner index is
 the request's position in the workload, which holds for closed-loop and arrival-sorted
-workloads), and reserves the whole prompt even when a prefix is cached.
+workloads), and reserves the whole prompt even when a prefix is cached. Likewise the `+ defrag` rows
+emulate the users' rule (compact after 100 finished requests or above 25% external
+fragmentation), checked at sample times, with no stall charged: the copy volume is in
+`moved`.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class Reserving(ContiguousAllocator):
 
 
 def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
-        min_block_mib: float = 256) -> dict:
+        min_block_mib: float = 256, defrag: tuple[int, float] | None = None) -> dict:
     cfg = SimConfig(args=args, gpu=gpu, step_time_backend="roofline", kv_allocator=name,
                     buddy_min_block_bytes=min_block_mib * MIB)
     env = simpy.Environment()
@@ -69,10 +72,15 @@ def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
         rep.alloc = Reserving(rep.alloc.capacity, need, cfg.kv_reserve_fraction)
     proc = env.process(rep.run())
     rows = []
+    last = [0]
 
     def sample():
         while proc.is_alive:
             yield env.timeout(every)
+            if defrag and (len(rep.finished) - last[0] >= defrag[0]
+                           or rep.alloc.fragmentation() > defrag[1]):
+                last[0] = len(rep.finished)
+                rep.alloc.compact()  # emulated: no stall charged
             s = rep.alloc.stats()
             rows.append((s.effective_utilization, s.allocated / s.capacity,
                          s.internal_fragmentation, s.external_fragmentation,
@@ -89,7 +97,9 @@ def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
     recs = twin_records(rep.finished, rep.step_end)
     ok = [r for r in recs if r["status"] == "ok"]
     label = f"buddy {min_block_mib:g} MiB" if name == "buddy" else name
-    return {"allocator": label, "util": a[:, 0].mean(),
+    if defrag:
+        label += f" + defrag {defrag[0]}/{defrag[1]:g}"
+    return {"allocator": label, "compactions": s.compactions, "util": a[:, 0].mean(),
             "util|q": queued[:, 0].mean() if len(queued) else float("nan"),
             "alloc": a[:, 1].mean(), "int": a[:, 2].mean(), "ext": a[:, 3].mean(),
             "idle": a[:, 4].mean(), "oom": s.failures_oom, "frag": s.failures_fragmented,
@@ -100,7 +110,7 @@ def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
 
 
 COLS = ["allocator", "util", "util|q", "alloc", "int", "ext", "idle", "oom", "frag",
-        "realloc", "moved", "ok", "retract", "sim_s", "p99_ttft", "cpu_s"]
+        "realloc", "compactions", "moved", "ok", "retract", "sim_s", "p99_ttft", "cpu_s"]
 
 
 def fmt(v) -> str:
@@ -133,6 +143,9 @@ def main() -> None:
             args = ServerArgs(model_path=ns.model_path, tp_size=ns.tp_size, page_size=page)
             for mib in ns.min_block_mib if name == "buddy" else [256]:
                 r = run(w, name, ns.every, args, ns.gpu, mib)
+                print("| " + " | ".join(fmt(r[c]) for c in COLS) + " |", flush=True)
+            if name in ("buddy", "contiguous"):  # the users' defragmentation rule
+                r = run(w, name, ns.every, args, ns.gpu, 256, (100, 0.25))
                 print("| " + " | ".join(fmt(r[c]) for c in COLS) + " |", flush=True)
         print(f"\ncapacity {r['capacity']} tokens")
 
