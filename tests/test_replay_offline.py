@@ -170,3 +170,32 @@ def test_compare_reports_mismatched_runs():
     assert "| TTFT p50 (ms) |" in format_markdown(cmp, "twin", "live")
     joined = join_by_rid(a, b)
     assert [j["rid"] for j in joined] == ["r1"] and joined[0]["ttft_s_b"] == 0.1
+
+
+# ---- clear errors before anything is sent ------------------------------------------------------
+def test_wrong_url_says_so_and_leaves_empty_records(tmp_path, capsys):
+    from runtime.cpu.serve import free_port
+    from servetwin.cli import main
+
+    out = tmp_path / "nowhere"
+    code = main(["live", "replay", "--url", f"http://127.0.0.1:{free_port()}", "--workload",
+                 "arrival=poisson,rate=1,n=3,prompt=fixed:10,output=fixed:2", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cannot reach an SGLang server" in err and "nothing was sent" in err
+    assert (out / "requests.jsonl").read_text() == ""
+
+
+def test_malformed_trace_names_file_line_and_field(tmp_path, capsys):
+    from servetwin.cli import main
+
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 2}\n'
+                     '{"arrival_s": 1, "prompt_tokens": "many", "output_tokens": 2}\n')
+    out = tmp_path / "out"
+    code = main(["live", "replay", "--url", "http://127.0.0.1:9", "--trace", str(trace),
+                 "--trace-format", "jsonl", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{trace}:2: field 'prompt_tokens': not an integer" in err
+    assert not (out / "requests.jsonl").exists()  # read before anything is sent
