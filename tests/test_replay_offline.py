@@ -199,3 +199,21 @@ def test_malformed_trace_names_file_line_and_field(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{trace}:2: field 'prompt_tokens': not an integer" in err
     assert not (out / "requests.jsonl").exists()  # read before anything is sent
+
+
+def test_real_bench_serving_file_reads_as_a_workload():
+    """tests/data/bench_serving_cpu.jsonl is a real `bench_serving --output-details` run
+    against the CPU harness server (tests/data/README.md)."""
+    from pathlib import Path
+
+    from twin.traces import load_trace
+
+    path = Path(__file__).parent / "data" / "bench_serving_cpu.jsonl"
+    run = json.loads(path.read_text().splitlines()[-1])
+    w = load_trace(path, "bench_serving")
+    assert len(w.requests) == 20 == run["completed"]
+    assert [r.prompt_tokens for r in w.requests] == run["input_lens"]
+    assert [r.output_tokens for r in w.requests] == run["output_lens"]
+    assert all(r.arrival_s == 0.0 for r in w.requests)  # request_rate inf
+    assert len(w.reference) == 20
+    assert all(ref["ttft_s"] > 0 for ref in w.reference.values())
