@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="buddy allocator's minimum block in bytes (default 256 MiB)")
     m.add_argument("--kv-reserve-fraction", type=float, default=0.15,
                    help="contiguous allocator's safety reserve (default 0.15)")
+    m.add_argument("--defrag-every", type=int, default=None,
+                   help="compact the KV allocator every N finished requests (users: 100)")
+    m.add_argument("--defrag-threshold", type=float, default=None,
+                   help="compact when external fragmentation exceeds F (users: 0.25)")
     s = p.add_argument_group("simulation and output")
     s.add_argument("--step-time-backend", default=None,
                    help="roofline | opdb | fitted (default: opdb where measured data covers "
@@ -122,7 +126,8 @@ def sim_config(ns: argparse.Namespace, args) -> SimConfig:
                      kv_reserve_fraction=ns.kv_reserve_fraction,
                      preemption_mode=ns.preemption_mode, time_slice_ms=ns.time_slice_ms,
                      priority_weights=weights, preemption_threshold=ns.preemption_threshold,
-                     swap_min_tokens=ns.swap_min_tokens, host_kv_bytes=ns.host_kv_bytes)
+                     swap_min_tokens=ns.swap_min_tokens, host_kv_bytes=ns.host_kv_bytes,
+                     defrag_every=ns.defrag_every, defrag_threshold=ns.defrag_threshold)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -286,22 +286,11 @@ def run_small(name: str, min_block_tokens: int = 64, n: int = 24):
     return [(r["rid"], r["status"], r["error"]) for r in res.records if r["status"] != "ok"]
 
 
-CONTIGUOUS_UNWIRED = pytest.mark.xfail(
-    strict=True, reason="the replica does not call reserve(owner, prompt + max new tokens) "
-    "at admission yet: every run is exactly the first chunk, so decode cannot grow")
-COARSE_BLOCKS = pytest.mark.xfail(
-    strict=True, reason="the replica's room (available() + evictable) ignores block "
-    "granularity: cached nodes of 79 tokens pin both 2,048-token blocks and the idle server "
-    "rejects requests (needs cache_slack() and a block-aware admission check)")
-
-
-@pytest.mark.parametrize("name", [
-    "token", "paged", "buddy", pytest.param("contiguous", marks=CONTIGUOUS_UNWIRED)])
+@pytest.mark.parametrize("name", ["token", "paged", "buddy", "contiguous"])
 def test_simulator_end_to_end(name):
     assert not run_small(name)
 
 
-@pytest.mark.parametrize("min_block", [
-    256, 512, pytest.param(1024, marks=COARSE_BLOCKS), pytest.param(2048, marks=COARSE_BLOCKS)])
+@pytest.mark.parametrize("min_block", [256, 512, 1024, 2048])
 def test_simulator_end_to_end_with_coarse_buddy_blocks(min_block):
     assert not run_small("buddy", min_block)

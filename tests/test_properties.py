@@ -49,6 +49,10 @@ def configs(draw):
                                               "aggressive"])),
         time_slice_ms=draw(st.sampled_from([5.0, 50.0])),
         swap_min_tokens=draw(st.sampled_from([None, None, 1, 200])),
+        kv_allocator=draw(st.sampled_from(["token", "token", "buddy", "contiguous"])),
+        buddy_min_block_bytes=draw(st.sampled_from([16, 64, 256])) * 131072,  # tokens x KV
+        defrag_every=draw(st.sampled_from([None, 3])),
+        defrag_threshold=draw(st.sampled_from([None, 0.25])),
         host_kv_bytes=draw(st.sampled_from([0.0, 2e5, 1e12])))
 
 

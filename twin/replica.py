@@ -43,8 +43,23 @@ class Counters:
     swap_outs: int = 0
     swap_ins: int = 0
     swapped_bytes: float = 0.0
+    compactions: int = 0
+    compaction_s: float = 0.0
     stall_s: float = 0.0  # time the replica spent copying KV (swap, compaction)
     busy_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DefragConfig:
+    """Compact the KV allocator every `every` finished requests and/or whenever its external
+    fragmentation exceeds `threshold` (the users: 100 and 0.25)."""
+
+    every: int | None = None
+    threshold: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every) or self.threshold is not None
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,7 @@ class Adder:
         self.new_chunked: SimRequest | None = None
 
     def room(self) -> int:
-        return self.rep.alloc.available() + self.rep.evictable()
+        return self.rep.room()
 
     def rem_total(self) -> float:
         return self.room() - self.total_offset
@@ -88,7 +103,7 @@ class Adder:
 
     def _take(self, extend: int, future: int) -> None:
         extend = self.rep.ceil_page(extend)
-        self.total_offset += extend + future
+        self.total_offset += self.rep.alloc.footprint(extend + future)
         self.cur_offset += extend
         self.rem_input -= extend
         if self.rem_chunk is not None:
@@ -105,7 +120,7 @@ class Adder:
     def add_one(self, req: SimRequest) -> str:
         future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
         if req.swapped_tokens:  # comes back from host memory: KV room, no compute
-            total = req.swapped_tokens + future
+            total = self.rep.alloc.footprint(req.swapped_tokens + future)
             if total >= self.rem_total():
                 return NO_TOKEN
             self.can_run.append((req, 0))
@@ -114,7 +129,7 @@ class Adder:
             return self.state()
         extend = req.fill_len - req.prefix_len
         input_tokens = self.rep.ceil_page(extend)
-        total = extend + future
+        total = self.rep.alloc.footprint(extend + future)
         if total >= self.rem_total():
             return NO_TOKEN
         if input_tokens >= self.rem_input and self.can_run:
@@ -145,7 +160,7 @@ class Replica:
                  step_time: StepTimeModel, policy: Policy, source: Source,
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
                  sample_every_s: float = 1.0, debug_checks: bool = False,
-                 swap: SwapConfig | None = None) -> None:
+                 swap: SwapConfig | None = None, defrag: DefragConfig | None = None) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.source = policy, source
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
@@ -163,6 +178,10 @@ class Replica:
         self.preempt = args.enable_priority_scheduling or policy.preempts
         self.slice_s = policy.time_slice_s
         self.swap = swap or SwapConfig()
+        self.defrag = defrag or DefragConfig()
+        self._since_defrag = 0
+        self._tracks_moves = self.alloc.name in ("buddy", "contiguous")
+        self._moved_seen = 0
         self.host_used = 0.0  # bytes of swapped-out KV in host memory
         self._stall = 0.0  # copy time (swap, compaction) to charge before the next step
         self.init_ratio = min(C.INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness, 1.0)
@@ -187,6 +206,13 @@ class Replica:
     def evictable(self) -> int:
         return self.tree.evictable_tokens if self.tree else 0
 
+    def room(self) -> int:
+        """KV tokens a scheduling pass may count on: free, evictable cached tokens, and the
+        block space only the cache pins (block allocators)."""
+        if self.tree is None:
+            return self.alloc.available()
+        return self.alloc.available() + self.tree.evictable_tokens + self.alloc.cache_slack()
+
     def _take_kv(self, owner: int, n: int) -> bool:
         """Give `owner` n more KV tokens, evicting cached prefixes (LRU) when short."""
         if n <= 0:
@@ -198,7 +224,61 @@ class Replica:
         while res is AllocResult.FRAGMENTED and self.tree and self.tree.evictable_tokens:
             self.tree.evict(n)  # freed blocks may coalesce into a usable run
             res = self.alloc.alloc(owner, n)
+        if res is AllocResult.FRAGMENTED and self.defrag.enabled:
+            self._compact()
+            res = self.alloc.alloc(owner, n)
+        self._charge_moves()
         return res is AllocResult.OK
+
+    def _reserve(self, req: SimRequest) -> bool:
+        """Pre-allocate at admission: contiguous reserves prompt + max new tokens, a buddy
+        block is sized for the round's own tokens; token pools do nothing."""
+        own = req.fill_len - req.prefix_len
+        n = own + req.remaining if self.alloc.reserves_outputs else own
+        res = self.alloc.reserve(req.index, n)
+        if res is AllocResult.OK:
+            return True
+        if self.tree and self.tree.evictable_tokens:
+            self.tree.evict(self.tree.evictable_tokens)
+            res = self.alloc.reserve(req.index, n)
+        if res is not AllocResult.OK and self.defrag.enabled:
+            self._compact()
+            res = self.alloc.reserve(req.index, n)
+        return res is AllocResult.OK
+
+    def _charge_moves(self) -> None:
+        """Re-allocations copy KV over HBM: stall the replica for read + write."""
+        if not self._tracks_moves:
+            return
+        moved = self.alloc.stats().tokens_moved
+        if moved > self._moved_seen:
+            self._copy_stall(moved - self._moved_seen)
+            self._moved_seen = moved
+
+    def _copy_stall(self, tokens: int) -> None:
+        self._stall += 2 * tokens * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
+
+    def _compact(self) -> None:
+        """Mark-compact the allocator (`--defrag-every`, `--defrag-threshold`, or an
+        allocation that failed on fragmentation); the copy stalls the replica."""
+        moved = self.alloc.compact()
+        self.counters.compactions += 1
+        stall = 2 * moved * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
+        self.counters.compaction_s += stall
+        self._stall += stall
+        if self._tracks_moves:
+            self._moved_seen = self.alloc.stats().tokens_moved
+        self._since_defrag = 0
+
+    def _maybe_defrag(self, finished: int) -> None:
+        d = self.defrag
+        if not d.enabled:
+            return
+        self._since_defrag += finished
+        if d.every and self._since_defrag >= d.every:
+            self._compact()
+        elif d.threshold is not None and self.alloc.fragmentation() > d.threshold:
+            self._compact()
 
     def lock(self, req: SimRequest, node) -> None:
         if self.tree and node is not None:
@@ -360,6 +440,10 @@ class Replica:
                 swap_in_s += self._swap_in(req, restored)
                 continue
             if req.computed == 0:  # a new round: its matched prefix is cached
+                if not self._reserve(req):
+                    batch.remove((req, ext))
+                    self._requeue_unplaced(req)
+                    continue
                 req.computed = req.prefix_len
                 req.cached_tokens += req.prefix_len
                 if req.first_admit_s is None:
@@ -461,15 +545,9 @@ class Replica:
             if not self.running:
                 return
         b = len(self.running)
-        room = self.alloc.available() + self.evictable()
-        if room < b:
-            self._retract()
-            b = len(self.running)
-            if not b:
-                return
-            room = self.alloc.available() + self.evictable()
         owners = [r.index for r in self.running]
-        k_mem = max(self.alloc.decode_steps(owners, room), 1)  # 0: a re-allocation is due
+        # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
+        k_mem = max(self.alloc.decode_steps(owners, self.room()), 1)
         k = min(min(r.remaining for r in self.running), k_mem)
         kv0 = sum(r.fill_len for r in self.running)
         times = self.st.decode_times(b, kv0 + b * np.arange(k))
@@ -480,10 +558,13 @@ class Replica:
             k = min(k, len(ends))
         if not self._grow_decoders(self.running, k):
             return
+        dur_copy = self._stall  # re-allocation copies happen inside this run
+        self._stall = 0.0
         if self.step_log is not None:
             self.step_log.append(("decode", self.env.now, [r.rid for r in self.running], k))
         self.step_end.extend(ends[:k].tolist())
-        dur = float(ends[k - 1]) - self.env.now
+        dur = float(ends[k - 1]) - self.env.now + dur_copy
+        self.counters.stall_s += dur_copy
         self.counters.decode_steps += k
         self.counters.busy_s += dur
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
@@ -499,14 +580,21 @@ class Replica:
         if need > 0 and self.tree:
             self.tree.evict(need)
         owners = [r.index for r in reqs]
-        if self.alloc.grow_all(owners, k) is not None:
-            return True
-        if self.tree and self.tree.evictable_tokens:
+        moved = self.alloc.grow_all(owners, k)
+        if moved is None and self.tree and self.tree.evictable_tokens:
             self.tree.evict(self.tree.evictable_tokens)
-            if self.alloc.grow_all(owners, k) is not None:
-                return True
-        self._retract()
-        return False
+            moved = self.alloc.grow_all(owners, k)
+        if moved is None and self.defrag.enabled:
+            self._compact()
+            moved = self.alloc.grow_all(owners, k)
+        if moved is None:
+            self._retract()
+            return False
+        if moved:
+            self._copy_stall(moved)
+            if self._tracks_moves:
+                self._moved_seen = self.alloc.stats().tokens_moved
+        return True
 
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
@@ -535,6 +623,7 @@ class Replica:
         self.shrunk = True
         for r in done:
             self._finish(r, now)
+        self._maybe_defrag(len(done))
 
     def _retract(self) -> None:
         """SGLang's `retract_decode`: fewest generated tokens first (ties: longest prompt),
@@ -544,7 +633,7 @@ class Replica:
         order = sorted(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens),
                        reverse=True)
         first = True
-        while first or self.alloc.available() + self.evictable() < len(order):
+        while first or self.alloc.decode_steps([r.index for r in order], self.room()) < 1:
             first = False
             if len(order) == 1:
                 victim = order.pop()
@@ -565,14 +654,31 @@ class Replica:
 
     def _make_room(self, owner: int, n: int) -> bool:
         """A prefill chunk found no KV (possible for a chunked request's later chunks, which
-        SGLang's budget does not reserve): retract running requests for it, fewest
-        generated tokens first. False when even that is not enough."""
-        while self.alloc.available() + self.evictable() < n and self.running:
+        SGLang's budget does not reserve, or a block allocator's fragmentation): retract
+        running requests for it, fewest generated tokens first, until it fits. False when
+        even that is not enough."""
+        while self.running:
             victim = min(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens))
             self.running.remove(victim)
             self._release_to_queue(victim, preempted=False)
             self.shrunk = True
+            if self._take_kv(owner, n):
+                return True
         return self._take_kv(owner, n)
+
+    def _requeue_unplaced(self, req: SimRequest) -> None:
+        """The budget admitted it but the allocator could not place it (fragmentation): it
+        waits for the next pass, or is aborted when nothing else holds memory to wait for."""
+        self.alloc.free(req.index)
+        self.unlock(req)
+        if req is self.chunked:
+            self.chunked = None
+        if not self.running and not self.chunked and not (self.tree and self.tree.total_tokens):
+            self._leave(req, "aborted", "the KV allocator cannot place it even in an empty "
+                        f"pool ({self.alloc.name}, {self.alloc.stats().free} tokens free)")
+            return
+        self.waiting.insert(0, req)
+        self.batch_full = True
 
     def _abort_prefill(self, req: SimRequest) -> None:
         if req is self.chunked:

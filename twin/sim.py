@@ -15,7 +15,7 @@ from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_reco
 from twin.perf import StepTimeModel, make_step_time
 from twin.policy import Policy, make_policy
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
-from twin.replica import Replica, SwapConfig
+from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.source import Source
 from twin.workload import Workload
 
@@ -39,6 +39,9 @@ class SimConfig:
     # swap to host memory instead of recompute (None: recompute, as SGLang)
     swap_min_tokens: int | None = None
     host_kv_bytes: float = 256 * 2**30
+    # compaction of the KV allocator (the users: every 100 requests or above 25%)
+    defrag_every: int | None = None
+    defrag_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("off", *MODES):
@@ -48,6 +51,10 @@ class SimConfig:
             raise ConfigError(f"--time-slice-ms {self.time_slice_ms}: must be > 0")
         if self.swap_min_tokens is not None and self.swap_min_tokens < 1:
             raise ConfigError(f"--swap-min-tokens {self.swap_min_tokens}: must be >= 1")
+        if self.defrag_every is not None and self.defrag_every < 1:
+            raise ConfigError(f"--defrag-every {self.defrag_every}: must be >= 1")
+        if self.defrag_threshold is not None and not 0 <= self.defrag_threshold < 1:
+            raise ConfigError(f"--defrag-threshold {self.defrag_threshold}: must be in [0, 1)")
         if self.host_kv_bytes < 0:
             raise ConfigError(f"--host-kv-bytes {self.host_kv_bytes}: must be >= 0")
 
@@ -97,7 +104,8 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
                   debug_checks=cfg.debug_checks,
-                  swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes))
+                  swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes),
+                  defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold))
     return rep, getattr(st, "name", backend)
 
 

@@ -74,6 +74,12 @@ class KVAllocator(ABC):
 
     name = "abstract"
     capacity: int
+    #: reserve() should cover the outputs too (pre-allocation of the maximum length)
+    reserves_outputs = False
+
+    def fragmentation(self) -> float:
+        """External fragmentation now (cheap: the replica may call it after every finish)."""
+        return 0.0
 
     @abstractmethod
     def available(self) -> int: ...

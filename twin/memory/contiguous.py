@@ -80,6 +80,7 @@ class RunSpace:
 
 
 class ContiguousAllocator(RegionAllocator):
+    reserves_outputs = True
     name = "contiguous"
 
     def __init__(self, capacity: int, *, reserve_fraction: float = 0.15) -> None:
