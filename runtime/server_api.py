@@ -109,15 +109,6 @@ def flush_cache(url: str, timeout: float = 30.0) -> str | None:
         return describe_url_error(exc)
 
 
-def server_alive(url: str, timeout: float = 5.0) -> str | None:
-    """None when `/health` answers; otherwise why not."""
-    try:
-        _get(url + "/health", timeout)
-        return None
-    except (OSError, ValueError) as exc:
-        return describe_url_error(exc)
-
-
 def twin_server_args(info: dict):
     """The twin's `ServerArgs` for a live server, from its `/server_info` (SGLang's own
     names), so a simulation of "this server" uses the server's actual configuration. A CPU

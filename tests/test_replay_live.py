@@ -216,3 +216,18 @@ def _replay_process(url: str, out: Path, spec: str) -> subprocess.Popen:
          "--out", str(out), "--max-lateness-ms", "1000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_replay_a_real_bench_serving_trace(sglang_server, tmp_path, capsys):
+    trace = Path(__file__).parent / "data" / "bench_serving_cpu.jsonl"
+    out = tmp_path / "bs"
+    code = main(["live", "replay", "--url", sglang_server.url, "--trace", str(trace),
+                 "--trace-format", "bench_serving", "--out", str(out),
+                 "--max-lateness-ms", "1000"])
+    assert code == 0, capsys.readouterr().err
+    run = json.loads(trace.read_text().splitlines()[-1])
+    recs = sorted(read_records(out / "requests.jsonl"), key=lambda r: int(r["rid"][2:]))
+    assert [r["prompt_tokens"] for r in recs] == run["input_lens"]
+    assert [r["output_tokens"] for r in recs] == run["output_lens"]
+    assert all(r["status"] == "ok" for r in recs)
+    assert "client lateness (ms)" in capsys.readouterr().out
