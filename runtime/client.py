@@ -191,6 +191,7 @@ class _Run:
                 if self.stop_reason:
                     break
                 tasks.append(asyncio.create_task(self._send(req, body, scheduled)))
+                await asyncio.sleep(0)  # let it start sending before the next body is built
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for task in tasks:
