@@ -23,7 +23,7 @@ from twin.config import derive_capacity
 from twin.metrics import read_records
 from twin.perf.cpu_guess import cpu_step_time
 from twin.sim import SimConfig, simulate
-from twin.workload import Request, Workload
+from twin.workload import Request, Workload, get_workload
 
 pytestmark = pytest.mark.live
 
@@ -173,9 +173,10 @@ def test_ctrl_c_writes_what_was_collected(sglang_server, tmp_path):
     assert len({r["rid"] for r in recs}) == len(recs)
 
 
-def test_server_killed_mid_run(tmp_path):
+def test_server_killed_mid_run(tmp_path, monkeypatch):
     from runtime.cpu.serve import CpuServer
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see docs/live.md, "CPU threads"
     out = tmp_path / "killed"
     with CpuServer(log_path=tmp_path / "server.log") as server:
         proc = _replay_process(server.url, out, "arrival=poisson,rate=1,n=120,"
@@ -192,6 +193,25 @@ def test_server_killed_mid_run(tmp_path):
     statuses = {r["status"] for r in recs}
     assert "ok" in statuses and "failed" in statuses
     assert all(r["error"] for r in recs if r["status"] != "ok")
+
+
+def test_priority_is_sent_when_the_server_schedules_by_it(tmp_path, monkeypatch):
+    """On a server with priority scheduling, an overloaded queue lets the high tier
+    (20: higher values first, SGLang's default) overtake the low one (0)."""
+    from runtime.cpu.serve import CpuServer
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    workload = get_workload("arrival=poisson,rate=8,n=24,prompt=uniform:100:400,"
+                            "output=fixed:24,tiers=0:0.7/20:0.3", 1)
+    with CpuServer(["--enable-priority-scheduling", "--default-priority-value", "0"],
+                   log_path=tmp_path / "server.log") as server:
+        result = replay(workload, ReplayConfig(url=server.url, max_lateness_s=1.0))
+    result.check()
+    assert result.meta["priority_sent"]
+    assert all(r["status"] == "ok" for r in result.records)
+    queue = {p: np.mean([r["queue_s"] for r in result.records if r["priority"] == p])
+             for p in (0, 20)}
+    assert queue[20] < queue[0]
 
 
 def _wait_for_finished_requests(url: str, n: int, timeout: float = 120.0) -> None:
