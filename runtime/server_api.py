@@ -87,13 +87,16 @@ def _vocab(info: dict, given: int | None) -> tuple[int, str]:
 
 
 def snapshot(url: str, timeout: float = 10.0) -> dict[str, str]:
-    """`/server_info` (JSON text) and `/metrics` (Prometheus text), or why they are missing."""
+    """`/server_info` (JSON text) and `/metrics` (Prometheus text); when the server does not
+    answer, `{"unavailable": why}` and a `# unavailable: why` comment instead."""
     out = {}
     for name, path in (("server_info", "/server_info"), ("metrics", "/metrics")):
         try:
             out[name] = _get(url + path, timeout).decode(errors="replace")
         except (OSError, ValueError) as exc:
-            out[name] = f"# unavailable: GET {path}: {describe_url_error(exc)}\n"
+            why = f"GET {path}: {describe_url_error(exc)}"
+            out[name] = (json.dumps({"unavailable": why}) + "\n" if name == "server_info"
+                         else f"# unavailable: {why}\n")
     return out
 
 

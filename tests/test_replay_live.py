@@ -192,6 +192,7 @@ def test_server_killed_mid_run(tmp_path, monkeypatch):
     assert meta["sent"] + meta["not_sent"] == 120
     statuses = {r["status"] for r in recs}
     assert "ok" in statuses and "failed" in statuses
+    assert "unavailable" in json.loads((out / "server_info_after.json").read_text())
     assert all(r["error"] for r in recs if r["status"] != "ok")
 
 
