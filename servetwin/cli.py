@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "servetwin.cmd_perf",
     "servetwin.cmd_live",
     "servetwin.cmd_claims",
+    "servetwin.cmd_calibrate",
 )
 
 

@@ -1,0 +1,135 @@
+"""The calibration profile file: build it from samples, write it, check it against a server.
+
+A profile (JSON) says what was calibrated and how well (docs/calibration.md):
+`engine` (name, version), `model`, `device`, `server_args` (the server's own, from
+`/server_info`), `step_time` (the twin's backend, form and coefficients with standard
+errors: the only part `twin.perf.fitted` reads), `request_path` (latency outside the
+scheduler's steps: HTTP, tokenizer, detokenizer), `fit` (sample counts, held-out and
+in-sample residuals), `sources` and `date`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from calibration.fit import fit_step_time
+from calibration.session import CalibrationError
+from twin.config import ServerArgs
+
+FORMAT = 1
+HARNESS_GPU = "a100-pcie-80gb"  # for capacity only: a CPU server's pool is --max-total-tokens
+
+
+def identity(info: dict) -> dict:
+    """What a profile must share with a server to describe it."""
+    return {"engine": "sglang", "version": str(info.get("version")),
+            "model": model_name(info.get("model_path"))}
+
+
+def model_name(path: object) -> str:
+    return Path(str(path)).name if path else "?"
+
+
+def server_args_subset(info: dict) -> dict:
+    keys = [f.name for f in fields(ServerArgs)] + [
+        "max_total_num_tokens", "max_req_input_len", "device", "dtype", "attention_backend",
+        "disable_overlap_schedule", "stream_interval", "enable_metrics"]
+    return {k: info[k] for k in keys if k in info}
+
+
+def base_for(info: dict):
+    """(name, factory) of the uncalibrated backend a correction can sit on, or (None, None)
+    when the model cannot be read here or the device is unknown to the twin."""
+    if info.get("device") != "cpu":
+        return None, None
+    try:
+        from runtime.server_api import twin_server_args
+        from twin.config import derive_capacity
+        from twin.perf.fitted import base_model
+
+        args = twin_server_args(info)
+        cap = derive_capacity(args, HARNESS_GPU)
+        base_model("roofline-cpu", cap, args)
+    except Exception:  # noqa: BLE001 - any model the twin cannot build: no correction form
+        return None, None
+    return "roofline-cpu", lambda: base_model("roofline-cpu", cap, args)
+
+
+def request_path(samples: Sequence[dict]) -> dict:
+    """Median latency of the request path outside the steps (from forward-stamp samples)."""
+    out = {}
+    for key in ("ingress_s", "egress_s", "overhead_s"):
+        vals = [s[key] for s in samples if key in s]
+        out[key] = round(float(np.median(vals)), 6) if vals else 0.0
+        out[f"{key[:-2]}_samples"] = len(vals)
+    return out
+
+
+def build_profile(samples: Sequence[dict], info: dict, sources: list[str],
+                  device_note: str = "") -> dict:
+    base_name, factory = base_for(info)
+    tp = int(info.get("tp_size") or 1)
+    fitted = fit_step_time(samples, tp, factory, base_name)
+    fitted["step_time"]["label"] = f"{model_name(info.get('model_path'))} on " \
+                                   f"{info.get('device', '?')}"
+    ident = identity(info)
+    return {
+        "servetwin_calibration": FORMAT,
+        "engine": {"name": ident["engine"], "version": ident["version"]},
+        "model": {"name": ident["model"], "path": info.get("model_path")},
+        "device": {"kind": info.get("device") or "cuda", "tp_size": tp,
+                   "machine": device_note or machine()},
+        "server_args": server_args_subset(info),
+        **fitted,
+        "request_path": request_path(samples),
+        "sources": sources,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_profile(path: Path, profile: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=2) + "\n")
+
+
+def read_profile(path: Path) -> dict:
+    from twin.perf.fitted import load_profile
+
+    return load_profile(path)
+
+
+def check_profile(profile: dict, info: dict, force: bool = False) -> list[str]:
+    """Refuse (`CalibrationError`) a profile of another model or SGLang version than the
+    server's; with `force`, return the differences as warnings instead."""
+    want = identity(info)
+    have = {"engine": (profile.get("engine") or {}).get("name"),
+            "version": str((profile.get("engine") or {}).get("version")),
+            "model": (profile.get("model") or {}).get("name")}
+    diffs = [f"{k}: profile {have[k]!r}, server {want[k]!r}" for k in want if have[k] != want[k]]
+    if diffs and not force:
+        raise CalibrationError("the calibration profile was made on another server ("
+                               + "; ".join(diffs) + "); its step times do not apply. "
+                               "Calibrate this server (`servetwin calibrate`), or pass --force "
+                               "to use it anyway")
+    return [f"profile mismatch ignored (--force): {d}" for d in diffs]
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(line.split(":", 1)[1].strip() for line in fh
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import os
+
+    return (f"{platform.node()}: {platform.machine()}, {model}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}")

@@ -1,0 +1,121 @@
+"""Validate a calibration profile: the same held-out workload live and in the twin.
+
+`validate()` replays the workload on the live server (`runtime.client.replay`), then
+simulates the very requests it sent (each at its actual send time, so the client's own
+lateness is not an error of the twin) in a twin built with the server's own arguments
+from `/server_info` and the profile's step time, and compares the two record sets
+(`twin.compare`: twin = A, live = B, errors (twin - live) / live).
+
+The twin's replica starts a request when it reaches the scheduler and ends it when its
+last step ends; a client also sees the request path (HTTP, tokenizer manager, detokenizer).
+The profile's `request_path` latencies are added the way they happen: the request reaches
+the twin's scheduler `ingress_s` after it was sent, and each token reaches the client
+`egress_s` after its step (TTFT and E2E grow by both; TPOT and ITL do not change).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from calibration.profiles import HARNESS_GPU, check_profile, read_profile
+from calibration.session import server_facts
+from twin.compare import Comparison, compare_records, format_markdown, format_table
+from twin.workload import Workload
+
+
+@dataclass
+class Validation:
+    workload: str
+    live_records: list[dict]
+    twin_records: list[dict]
+    comparison: Comparison
+    warnings: list[str]
+    live_meta: dict
+    backend: str
+
+    def table(self) -> str:
+        return format_table(self.comparison, "twin", "live")
+
+    def markdown(self) -> str:
+        return format_markdown(self.comparison, "twin", "live")
+
+
+def path_latency(profile: dict) -> tuple[float, float]:
+    """(ingress, egress) seconds of the request path; all of it as egress when only the
+    total was measured."""
+    rp = profile.get("request_path") or {}
+    if rp.get("ingress_samples"):
+        return max(rp["ingress_s"], 0.0), max(rp["egress_s"], 0.0)
+    return 0.0, max(rp.get("overhead_s", 0.0), 0.0)
+
+
+def at_send_times(workload: Workload, live_records: list[dict]) -> Workload:
+    """The workload with each request at the time the live client actually sent it."""
+    sent = {r["rid"]: r["arrival_s"] for r in live_records}
+    reqs = tuple(replace(r, arrival_s=sent.get(r.rid, r.arrival_s)) for r in workload.requests)
+    if workload.concurrency is None:
+        reqs = tuple(sorted(reqs, key=lambda r: r.arrival_s))
+    return replace(workload, requests=reqs)
+
+
+def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[dict], str]:
+    """The twin's records for `workload` on the server `info` describes, with the profile's
+    step time and request-path latency."""
+    from runtime.server_api import twin_server_args
+    from twin.config import derive_capacity
+    from twin.perf.fitted import from_step_time_section
+    from twin.sim import SimConfig, simulate
+
+    args = twin_server_args(info)
+    cap = derive_capacity(args, HARNESS_GPU)
+    step = from_step_time_section(profile["step_time"], cap, args)
+    ingress, egress = path_latency(profile)
+    shifted = replace(workload, requests=tuple(
+        replace(r, arrival_s=r.arrival_s + ingress) for r in workload.requests))
+    result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU), step_time=step)
+    return [_client_view(rec, ingress, egress) for rec in result.records], step.describe()
+
+
+def _client_view(rec: dict, ingress: float, egress: float) -> dict:
+    out = dict(rec)
+    out["arrival_s"] = round(rec["arrival_s"] - ingress, 6)
+    for key in ("ttft_s", "e2e_s"):
+        if rec[key] is not None:
+            out[key] = round(rec[key] + ingress + egress, 6)
+    return out
+
+
+def validate(url: str, profile_path: Path, workload: Workload, out: Path | None = None,
+             force: bool = False, seed: int = 0, progress=None) -> Validation:
+    from runtime.client import ReplayConfig, replay
+
+    facts = server_facts(url)
+    profile = read_profile(profile_path)
+    warnings = check_profile(profile, facts.info, force)
+    live = replay(workload, ReplayConfig(url=url, seed=seed), progress, facts)
+    if out is not None:
+        live.write(out / "live")
+    live.check()
+    twin_records, backend = simulate_like(at_send_times(workload, live.records), facts.info,
+                                          profile)
+    cmp = compare_records(twin_records, live.records)
+    v = Validation(workload.name, live.records, twin_records, cmp, warnings + cmp.warnings(),
+                   live.meta, backend)
+    if out is not None:
+        write_outputs(v, out, profile_path)
+    return v
+
+
+def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
+    from calibration.report import write_report
+    from twin.metrics import summarize, write_records
+
+    (out / "twin").mkdir(parents=True, exist_ok=True)
+    write_records(out / "twin" / "requests.jsonl", v.twin_records)
+    (out / "twin" / "summary.json").write_text(json.dumps(summarize(v.twin_records), indent=2))
+    (out / "fidelity.md").write_text(f"Workload `{v.workload}`; profile `{profile_path}`; twin "
+                                     f"step time: {v.backend}\n\n{v.markdown()}\n")
+    write_report(out / "report.html", v.live_records, v.twin_records,
+                 f"servetwin fidelity: {v.workload}", v.table())

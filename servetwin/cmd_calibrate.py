@@ -1,0 +1,148 @@
+"""`servetwin calibrate` and `servetwin validate`: argument parsing and printing.
+
+calibrate profiles a live SGLang server (or reads runs already made) and writes a
+calibration profile; validate replays a held-out workload live and in the calibrated twin
+and prints the fidelity table (calibration/, docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from twin.errors import ConfigError
+from twin.traces import formats
+from twin.workload import SPEC_HELP
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="fit the twin's step time to a live SGLang server",
+        description="Profile a live SGLang server (prefill, decode and mixed runs within a "
+        "time budget; resumable) and/or read earlier runs, fit the step-time model, and "
+        "write a calibration profile. Raw traces go to PROFILE.runs.jsonl and samples to "
+        "PROFILE.samples.jsonl as they are taken; running again with the same --out "
+        "resumes.")
+    p.add_argument("--url", help="the live server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--out", type=Path, required=True, help="the profile to write (JSON)")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="time for the profiling runs, seconds (default 300)")
+    p.add_argument("--from-records", type=Path, action="append", default=[], metavar="DIR",
+                   help="also fit on a `servetwin live replay --out` directory (repeatable)")
+    p.add_argument("--from-bench-serving", type=Path, action="append", default=[],
+                   metavar="FILE", help="also fit on a bench_serving --output-details file "
+                   "(repeatable)")
+    p.set_defaults(func=run_calibrate)
+
+    v = sub.add_parser(
+        "validate", help="replay a held-out workload live and in the calibrated twin",
+        description="Replay a workload on the live server and simulate the same requests "
+        "in the twin with the server's own arguments (from /server_info) and the profile's "
+        "step time; print the fidelity table (errors (twin - live) / live) and write "
+        "live/ and twin/ records, fidelity.md and report.html to --out.", epilog=SPEC_HELP)
+    v.add_argument("--url", required=True, help="the live server")
+    v.add_argument("--calibration", type=Path, required=True, metavar="PROFILE",
+                   help="a profile from `servetwin calibrate`")
+    v.add_argument("--workload", help="a workload spec (see below)")
+    v.add_argument("--trace", type=Path, help="a trace file instead of --workload")
+    v.add_argument("--trace-format", choices=formats(), help="format of --trace")
+    v.add_argument("--trace-time-scale", type=float, default=1.0)
+    v.add_argument("--trace-offset", type=float, default=0.0)
+    v.add_argument("--trace-limit", type=int, default=None)
+    v.add_argument("--seed", type=int, default=0, help="workload and token-id seed")
+    v.add_argument("--out", type=Path, default=Path("out/validate"),
+                   help="output directory (default out/validate)")
+    v.add_argument("--force", action="store_true",
+                   help="use a profile made on another model or SGLang version (warns)")
+    v.set_defaults(func=run_validate)
+
+
+def run_calibrate(ns: argparse.Namespace) -> int:
+    from calibration.offline import from_bench_serving, from_record_dir
+    from calibration.profiles import build_profile, identity, write_profile
+
+    if not ns.url and not ns.from_records and not ns.from_bench_serving:
+        raise ConfigError("give --url (profile a live server) and/or --from-records / "
+                          "--from-bench-serving (fit on runs already made)")
+    samples, info, sources = [], None, []
+    if ns.url:
+        samples, info = _profile_live(ns.url.rstrip("/"), ns.out, ns.budget_s)
+        sources.append(f"live profile of {ns.url} ({ns.out.with_suffix('.runs.jsonl')})")
+    for path, reader in [(d, from_record_dir) for d in ns.from_records] + \
+            [(f, from_bench_serving) for f in ns.from_bench_serving]:
+        got, got_info = reader(path)
+        if info is not None and identity(got_info) != identity(info):
+            raise ConfigError(f"{path} measured another server ({identity(got_info)}) than "
+                              f"the rest ({identity(info)}); calibrate them separately")
+        info = info or got_info
+        samples += got
+        sources.append(f"{path} ({len(got)} samples)")
+    profile = build_profile(samples, info or {}, sources)
+    write_profile(ns.out, profile)
+    print(describe(profile))
+    print(f"wrote {ns.out}")
+    return 0
+
+
+def _profile_live(url: str, out: Path, budget_s: float):
+    from calibration.profile import Bar, ServerLimits, Store, all_samples, profile
+    from calibration.profiles import identity
+    from calibration.session import server_facts
+
+    facts = server_facts(url)
+    lim = ServerLimits.from_info(facts.info)
+    store = Store(out, identity(facts.info))
+    store.load()
+    print(f"server: SGLang {facts.version}, model {facts.info.get('model_path')}; limits: "
+          f"max running {lim.max_running}, KV pool {lim.max_total_tokens} tokens, chunk "
+          f"{lim.chunk}, max input {lim.max_input}"
+          + (f"; resuming after {len(store.done)} runs" if store.done else ""))
+    bar = Bar(0, budget_s)
+    from calibration.profile import make_plan
+
+    bar.total = len(make_plan(lim))
+    counts = profile(url, store, lim, facts.vocab_size, budget_s, bar)
+    bar.close()
+    print(f"runs: {counts['ran']} now, {counts['resumed']} resumed, {counts['over_budget']} "
+          f"left out by the budget, of {counts['planned']} planned; failed requests "
+          f"{counts['failed_requests']}")
+    return all_samples(store, lim), facts.info
+
+
+def describe(profile: dict) -> str:
+    st, fit = profile["step_time"], profile["fit"]
+    lines = [f"SGLang {profile['engine']['version']}, model {profile['model']['name']}, "
+             f"{profile['device']['kind']}: {fit['samples']} samples "
+             f"({', '.join(f'{k} {v}' for k, v in fit['samples_by_source'].items())})",
+             f"step time: {st['form']} (held-out median |error|: " + ", ".join(
+                 f"{f} {e.get('median_abs_rel', float('nan')):.1%}"
+                 for f, e in fit["held_out"].items()) + ")"]
+    for name, value in st["coefficients"].items():
+        err = st["uncertainty"].get(name)
+        unc = f" +- {err:.3g}" if err is not None else " (not identifiable)"
+        lines.append(f"  {name:<18} {value:.4g}{unc}")
+    r = fit["residuals"]
+    lines.append(f"fit residuals: median |error| {r['median_abs_rel']:.1%}, P90 "
+                 f"{r['p90_abs_rel']:.1%}, mean {r['mean_rel']:+.1%}")
+    rp = profile["request_path"]
+    lines.append(f"request path: ingress {rp['ingress_s'] * 1e3:.1f} ms, egress "
+                 f"{rp['egress_s'] * 1e3:.1f} ms ({rp['overhead_samples']} samples)")
+    return "\n".join(lines)
+
+
+def run_validate(ns: argparse.Namespace) -> int:
+    from calibration.validate import validate
+    from servetwin.cmd_live_replay import Progress, workload_from
+
+    workload = workload_from(ns)
+    progress = Progress(len(workload.requests))
+    v = validate(ns.url.rstrip("/"), ns.calibration, workload, ns.out, ns.force, ns.seed,
+                 progress)
+    progress.close()
+    print(f"workload: {workload.name} ({len(workload.requests)} requests); twin step time: "
+          f"{v.backend}")
+    print(v.table())
+    for w in v.warnings:
+        print(f"warning: {w}")
+    print(f"wrote {ns.out}/live, {ns.out}/twin, {ns.out}/fidelity.md, {ns.out}/report.html")
+    return 0
