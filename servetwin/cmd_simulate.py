@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--step-time-backend", default=None,
                    help="roofline | opdb | fitted (default: opdb where measured data covers "
                    "the model and GPU, else roofline)")
+    s.add_argument("--calibration", default=None, metavar="PROFILE",
+                   help="a calibration profile from `servetwin calibrate`: its fitted step "
+                   "time (overrides --step-time-backend)")
     s.add_argument("--horizon", type=float, default=None,
                    help="stop at this simulated time (s); unfinished requests are 'aborted'")
     s.add_argument("--slo-ttft", type=float, default=1.5,
@@ -121,6 +124,7 @@ def sim_config(ns: argparse.Namespace, args) -> SimConfig:
     except ValueError as exc:
         raise ConfigError(f"--priority-weights: {exc}") from None
     return SimConfig(args=args, gpu=ns.gpu, step_time_backend=ns.step_time_backend,
+                     calibration=ns.calibration,
                      horizon_s=ns.horizon, debug_checks=ns.debug_checks,
                      kv_allocator=ns.kv_allocator, buddy_min_block_bytes=ns.buddy_min_block,
                      kv_reserve_fraction=ns.kv_reserve_fraction,

@@ -25,6 +25,7 @@ class SimConfig:
     args: ServerArgs = field(default_factory=ServerArgs)
     gpu: str = "a100-pcie-80gb"
     step_time_backend: str | None = None  # None: the best backend with data for the setup
+    calibration: str | None = None  # a calibration profile (JSON): its fitted step time
     kv_allocator: str = "token"
     horizon_s: float | None = None
     sample_every_s: float = 1.0
@@ -79,6 +80,8 @@ class SimResult:
 
 
 def choose_backend(cfg: SimConfig, cap: Capacity) -> str:
+    if cfg.calibration:
+        return "fitted"
     if cfg.step_time_backend:
         return cfg.step_time_backend
     try:
@@ -92,6 +95,10 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
                   step_time: StepTimeModel | None = None) -> tuple[Replica, str]:
     cap = derive_capacity(cfg.args, cfg.gpu)
     backend = choose_backend(cfg, cap)
+    if step_time is None and cfg.calibration:
+        from twin.perf.fitted import profile_step_time
+
+        step_time = profile_step_time(cfg.calibration, cap, cfg.args)
     st = step_time or make_step_time(backend, cap, cfg.args)
     policy = build_policy(cfg)
     name = cfg.kv_allocator
