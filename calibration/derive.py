@@ -95,10 +95,17 @@ def token_gap_samples(lines: Sequence[Timeline], limits: Limits = Limits(),
     # neither gap around that boundary is a step's duration
     late = {i for i in range(1, len(cl)) if cl[i][0][0] - cl[i - 1][-1][0] <= eps_s}
     out = []
+    active: set[int] = set()  # requests with a token so far and more to come
     for i in range(1, len(cl)):
+        for _, j, k in cl[i - 1]:
+            if k < len(lines[j].tokens) - 1:
+                active.add(j)
+            else:
+                active.discard(j)
         if i in late or i + 1 in late:
             continue
-        sample = _gap_sample(lines, cl[i - 1], cl[i], first_at, limits, idle_margin_s)
+        sample = _gap_sample(lines, cl[i - 1], cl[i], active, first_at, limits,
+                             idle_margin_s)
         if sample is not None:
             out.append(sample)
     return out
@@ -109,12 +116,14 @@ def _unique(cluster: list[tuple[float, int, int]]) -> bool:
     return len(ids) == len(set(ids))
 
 
-def _gap_sample(lines, prev, cur, first_at, limits: Limits, margin: float) -> dict | None:
+def _gap_sample(lines, prev, cur, running: set[int], first_at, limits: Limits,
+                margin: float) -> dict | None:
+    """The sample of the step from cluster `prev` to `cur`, or None when unsure;
+    `running` holds the requests started and unfinished at `prev`."""
     if not (_unique(prev) and _unique(cur)):
         return None  # two tokens of one request in one cluster: steps merged
     t_prev, t_cur = float(np.median([t for t, _, _ in prev])), \
         float(np.median([t for t, _, _ in cur]))
-    running = {i: k for _, i, k in prev if k < len(lines[i].tokens) - 1}
     firsts = [i for _, i, k in cur if k == 0]
     decoders = {i: k for _, i, k in cur if k > 0}
     if decoders and set(decoders) != set(running):
@@ -134,11 +143,10 @@ def _gap_sample(lines, prev, cur, first_at, limits: Limits, margin: float) -> di
         return None  # a waiting request may have been prefilled in a silent chunk step
     chunks = [(lines[i].extend, lines[i].cached) for i in firsts]
     kv = sum(lines[i].prompt + k for i, k in decoders.items())
-    if decoders:
-        gaps = [lines[i].tokens[k] - lines[i].tokens[k - 1] for i, k in decoders.items()]
-        dur = float(np.median(gaps))
-    else:
-        dur = t_cur - t_prev
+    in_prev = {i for _, i, _ in prev}
+    gaps = [lines[i].tokens[k] - lines[i].tokens[k - 1] for i, k in decoders.items()
+            if i in in_prev]  # per-request gaps: their delivery offsets cancel
+    dur = float(np.median(gaps)) if gaps else t_cur - t_prev
     kind = "mixed" if (firsts and decoders) else ("prefill" if firsts else "decode")
     return {"steps": [_step(chunks, len(decoders), kv)], "dur_s": round(dur, 7),
             "kind": kind, "source": "token-gap", "tag": lines[firsts[0] if firsts else

@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from calibration.profiles import HARNESS_GPU, check_profile, read_profile
 from calibration.session import server_facts
 from twin.compare import Comparison, compare_records, format_markdown, format_table
@@ -34,6 +36,7 @@ class Validation:
     warnings: list[str]
     live_meta: dict
     backend: str
+    step_check: dict  # the profile's step times against this live run's own steps
 
     def table(self) -> str:
         return format_table(self.comparison, "twin", "live")
@@ -60,7 +63,7 @@ def at_send_times(workload: Workload, live_records: list[dict]) -> Workload:
     return replace(workload, requests=reqs)
 
 
-def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[dict], str]:
+def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[dict], object]:
     """The twin's records for `workload` on the server `info` describes, with the profile's
     step time and request-path latency."""
     from runtime.server_api import twin_server_args
@@ -75,7 +78,7 @@ def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[d
     shifted = replace(workload, requests=tuple(
         replace(r, arrival_s=r.arrival_s + ingress) for r in workload.requests))
     result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU), step_time=step)
-    return [_client_view(rec, ingress, egress) for rec in result.records], step.describe()
+    return [_client_view(rec, ingress, egress) for rec in result.records], step
 
 
 def _client_view(rec: dict, ingress: float, egress: float) -> dict:
@@ -100,14 +103,42 @@ def validate(url: str, profile_path: Path, workload: Workload, out: Path | None 
     if live.stop_reason:
         live.check()  # raises: the live run is incomplete
     # the client's lateness is no error here: the twin gets the actual send times
-    twin_records, backend = simulate_like(at_send_times(workload, live.records), facts.info,
-                                          profile)
+    twin_records, step = simulate_like(at_send_times(workload, live.records), facts.info,
+                                       profile)
     cmp = compare_records(twin_records, live.records)
     v = Validation(workload.name, live.records, twin_records, cmp, warnings + cmp.warnings(),
-                   live.meta, backend)
+                   live.meta, step.describe(), step_check(live.records, facts.info, step))
     if out is not None:
         write_outputs(v, out, profile_path)
     return v
+
+
+def step_check(live_records: list[dict], info: dict, step) -> dict:
+    """Per sample kind: how the profile's step times compare with the steps of this very
+    live run (token-gap samples of its records): `ratio` is the median of measured /
+    predicted. A ratio far from 1 means the server ran slower or faster than when it was
+    profiled (on a shared machine, other load), which no scheduling model can predict."""
+    from calibration.derive import samples_from_timelines, timelines_from_records
+    from calibration.fit import _lens, error_stats
+    from calibration.profile import ServerLimits
+
+    samples = samples_from_timelines(timelines_from_records(live_records),
+                                     ServerLimits.from_info(info).derive_limits())
+    out = {}
+    for kind in sorted({s["kind"] for s in samples}):
+        meas = np.array([s["dur_s"] for s in samples if s["kind"] == kind])
+        pred = np.array([sum(step.step_time([tuple(c) for c in pf], _lens(b, kv))
+                             for pf, (b, kv) in s["steps"]) for s in samples if s["kind"] == kind])
+        out[kind] = error_stats((pred - meas) / meas) | {
+            "ratio": round(float(np.median(meas / pred)), 3)}
+    return out
+
+
+def format_step_check(check: dict) -> str:
+    if not check:
+        return "steps of the live run: none could be isolated"
+    return "steps of the live run, measured / profile (median): " + "; ".join(
+        f"{k} {v['ratio']:.2f} (n={v['n']})" for k, v in check.items())
 
 
 def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
@@ -118,6 +149,7 @@ def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
     write_records(out / "twin" / "requests.jsonl", v.twin_records)
     (out / "twin" / "summary.json").write_text(json.dumps(summarize(v.twin_records), indent=2))
     (out / "fidelity.md").write_text(f"Workload `{v.workload}`; profile `{profile_path}`; twin "
-                                     f"step time: {v.backend}\n\n{v.markdown()}\n")
+                                     f"step time: {v.backend}\n\n{v.markdown()}\n\n"
+                                     f"{format_step_check(v.step_check)}\n")
     write_report(out / "report.html", v.live_records, v.twin_records,
                  f"servetwin fidelity: {v.workload}", v.table())

@@ -131,7 +131,7 @@ def describe(profile: dict) -> str:
 
 
 def run_validate(ns: argparse.Namespace) -> int:
-    from calibration.validate import validate
+    from calibration.validate import format_step_check, validate
     from servetwin.cmd_live_replay import Progress, workload_from
 
     workload = workload_from(ns)
@@ -142,6 +142,7 @@ def run_validate(ns: argparse.Namespace) -> int:
     print(f"workload: {workload.name} ({len(workload.requests)} requests); twin step time: "
           f"{v.backend}")
     print(v.table())
+    print(format_step_check(v.step_check))
     for w in v.warnings:
         print(f"warning: {w}")
     print(f"wrote {ns.out}/live, {ns.out}/twin, {ns.out}/fidelity.md, {ns.out}/report.html")
