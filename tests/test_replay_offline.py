@@ -10,6 +10,7 @@ from runtime.client import build_body, percentiles_ms
 from runtime.recording import StreamLog
 from runtime.token_ids import FIRST_ID, MAX_ID, SegmentTokens
 from twin.compare import Row, compare_records, format_markdown, format_table, join_by_rid
+from twin.metrics import RECORD_FIELDS
 from twin.workload import Request
 
 pytestmark = pytest.mark.offline
@@ -91,6 +92,7 @@ def test_chunk_with_several_tokens_gives_zero_gaps():
     assert rec["tpot_s"] == pytest.approx(0.3 / 4)
     assert (rec["cached_tokens"], rec["queue_s"], rec["prompt_tokens"]) == (4, 0.01, 15)
     assert rec["arrival_s"] == 1.0 and rec["preemptions"] == 0
+    assert tuple(rec) == RECORD_FIELDS  # exactly the twin's shared schema, in its order
 
 
 def test_first_chunk_with_several_tokens():
