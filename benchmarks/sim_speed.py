@@ -23,16 +23,19 @@ from twin.sim import SimConfig, build_replica
 from twin.workload import from_spec
 
 SPEC = "arrival=poisson,rate=1.5,n={n},prompt=uniform:1000:4000,output=uniform:100:500"
+# variant -> (SGLang server args, twin SimConfig fields)
 EXTRA = {
-    "default": {},
-    "mixed-chunk+lpm": {"enable_mixed_chunk": True, "schedule_policy": "lpm"},
+    "default": ({}, {}),
+    "mixed-chunk+lpm": ({"enable_mixed_chunk": True, "schedule_policy": "lpm"}, {}),
+    "buddy+slices50ms": ({}, {"kv_allocator": "buddy", "preemption_mode": "moderate",
+                             "time_slice_ms": 50.0}),
 }
 
 
-def one(n: int, backend: str, extra: dict) -> dict:
+def one(n: int, backend: str, extra: tuple[dict, dict]) -> dict:
     workload = from_spec(SPEC.format(n=n), seed=0)
-    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", **extra)
-    cfg = SimConfig(args=args, gpu="a100-sxm-80gb", step_time_backend=backend)
+    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", **extra[0])
+    cfg = SimConfig(args=args, gpu="a100-sxm-80gb", step_time_backend=backend, **extra[1])
     t0 = time.process_time()
     st = make_step_time(backend, derive_capacity(args, cfg.gpu), args)
     startup = time.process_time() - t0

@@ -335,6 +335,7 @@ class Replica:
     def _pull_arrivals(self, now: float) -> None:
         for sent, req in self.source.pop_ready(now):
             r = SimRequest(req, sent, self._n_seen)
+            r.queue_entry_s = r.entered_s = now  # SGLang's wait_queue_entry_time
             self._n_seen += 1
             if not self._validate(r):
                 continue
@@ -599,7 +600,7 @@ class Replica:
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
         candidates = [self._next_sample]
-        if self.slice_s:
+        if self.slice_s and self.waiting:  # a slice re-evaluates only if someone waits
             candidates.append((math.floor(self.env.now / self.slice_s + 1e-9) + 1)
                               * self.slice_s)
         if self.horizon is not None:
