@@ -52,7 +52,9 @@ def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
             "tpot_s": _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None,
             "itl_s": np.round(itl, 6).tolist(),
             "e2e_s": _r(e2e),
-            "queue_s": _r(r.first_admit_s - r.arrival_s) if r.first_admit_s is not None
+            # as SGLang's meta_info queue_time: from the scheduler taking the request in
+            # (the step boundary after its arrival) to its first forward pass
+            "queue_s": _r(r.first_admit_s - r.entered_s) if r.first_admit_s is not None
             else None,
             "retractions": r.retractions,
             "preemptions": r.preemptions,

@@ -16,7 +16,7 @@ class SimRequest:
         "cached_tokens", "retractions", "preemptions", "status", "error",
         "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
         "node", "computed", "private", "matched_node", "round_start_s", "swapped_tokens",
-        "left_batch_s", "lost_s", "moved_bytes",
+        "left_batch_s", "lost_s", "moved_bytes", "entered_s",
     )
 
     def __init__(self, req: Request, sent_s: float, index: int) -> None:
@@ -25,6 +25,7 @@ class SimRequest:
         self.priority = req.priority
         self.arrival_s = sent_s
         self.queue_entry_s = sent_s
+        self.entered_s = sent_s  # when the scheduler first took it in (its first pass)
         self.prompt_tokens = req.prompt_tokens
         self.max_new_tokens = req.output_tokens
         self.generated_tokens = 0

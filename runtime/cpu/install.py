@@ -231,6 +231,9 @@ def harness_env(base: dict[str, str] | None = None) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         PYTHONNOUSERSITE="1",
     )
+    # One torch thread: with the default (all cores) the server collapses whenever another
+    # process competes for the cores (measured: median ITL 1,305 ms vs 29 ms; docs/live.md).
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("PYTHONPATH", None)  # the project's own paths must not leak into the harness
     return env
 
