@@ -10,13 +10,10 @@ over the samples where requests were waiting (memory is the limit then); `alloc`
 (1 - largest free block or run / free), both averaged; `idle` (allocated - stored +
 reserve) / capacity; `oom`/`frag` failed allocations; `realloc`/`moved` buddy growth copies.
 
-`contiguous` needs the replica to call `reserve(owner, prompt + max new tokens)` at
-admission; until it does, this script emulates it (`Reserving` below: the owner index is
-the request's position in the workload, which holds for closed-loop and arrival-sorted
-workloads), and reserves the whole prompt even when a prefix is cached. Likewise the `+ defrag` rows
-emulate the users' rule (compact after 100 finished requests or above 25% external
-fragmentation), checked at sample times, with no stall charged: the copy volume is in
-`moved`.
+The replica reserves at admission (contiguous: prompt + max new tokens; buddy: a block
+for the round's own tokens), charges re-allocation and compaction copies at HBM bandwidth
+as stalls, and the `+ defrag` rows run the users' rule through the replica
+(`--defrag-every 100 --defrag-threshold 0.25`).
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ import numpy as np
 import simpy
 
 from twin.config import ServerArgs
-from twin.memory import AllocResult
-from twin.memory.contiguous import ContiguousAllocator
 from twin.metrics import twin_records
 from twin.sim import SimConfig, build_replica
 from twin.workload import PRESETS, Workload, from_spec
@@ -46,41 +41,20 @@ ALLOCATORS = ["token", "paged", "buddy", "contiguous"]
 MIB = 2**20
 
 
-class Reserving(ContiguousAllocator):
-    """Pre-allocates prompt + max new tokens at an owner's first allocation."""
-
-    def __init__(self, capacity: int, need: list[int], reserve_fraction: float) -> None:
-        super().__init__(capacity, reserve_fraction=reserve_fraction)
-        self.need = need
-
-    def alloc(self, owner: int, n: int) -> AllocResult:
-        if owner >= 0 and owner not in self.home and n > 0:
-            res = self.reserve(owner, max(n, self.need[owner]))
-            if res is not AllocResult.OK:
-                return res
-        return super().alloc(owner, n)
-
-
 def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
         min_block_mib: float = 256, defrag: tuple[int, float] | None = None) -> dict:
     cfg = SimConfig(args=args, gpu=gpu, step_time_backend="roofline", kv_allocator=name,
-                    buddy_min_block_bytes=min_block_mib * MIB)
+                    buddy_min_block_bytes=min_block_mib * MIB,
+                    defrag_every=defrag[0] if defrag else None,
+                    defrag_threshold=defrag[1] if defrag else None)
     env = simpy.Environment()
     rep, _ = build_replica(env, workload, cfg)
-    if name == "contiguous":
-        need = [r.prompt_tokens + r.output_tokens for r in workload.requests]
-        rep.alloc = Reserving(rep.alloc.capacity, need, cfg.kv_reserve_fraction)
     proc = env.process(rep.run())
     rows = []
-    last = [0]
 
     def sample():
         while proc.is_alive:
             yield env.timeout(every)
-            if defrag and (len(rep.finished) - last[0] >= defrag[0]
-                           or rep.alloc.fragmentation() > defrag[1]):
-                last[0] = len(rep.finished)
-                rep.alloc.compact()  # emulated: no stall charged
             s = rep.alloc.stats()
             rows.append((s.effective_utilization, s.allocated / s.capacity,
                          s.internal_fragmentation, s.external_fragmentation,
@@ -104,13 +78,15 @@ def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
             "alloc": a[:, 1].mean(), "int": a[:, 2].mean(), "ext": a[:, 3].mean(),
             "idle": a[:, 4].mean(), "oom": s.failures_oom, "frag": s.failures_fragmented,
             "realloc": s.reallocations, "moved": s.tokens_moved, "ok": len(ok),
+            "stall_s": rep.counters.stall_s,
             "n": len(recs), "retract": rep.counters.retractions, "sim_s": env.now,
             "p99_ttft": float(np.percentile([r["ttft_s"] for r in ok], 99)) if ok else 0.0,
             "cpu_s": cpu, "capacity": s.capacity}
 
 
 COLS = ["allocator", "util", "util|q", "alloc", "int", "ext", "idle", "oom", "frag",
-        "realloc", "compactions", "moved", "ok", "retract", "sim_s", "p99_ttft", "cpu_s"]
+        "realloc", "compactions", "moved", "stall_s", "ok", "retract", "sim_s", "p99_ttft",
+        "cpu_s"]
 
 
 def fmt(v) -> str:
