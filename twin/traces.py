@@ -17,25 +17,17 @@ from datetime import datetime
 from pathlib import Path
 
 from twin.errors import ConfigError, TraceError
+from twin.registry import Registry
 from twin.workload import Request, SegmentIds, Workload
 
 MOONCAKE_BLOCK = 512
 Reader = Callable[[Path], Workload]
-_READERS: dict[str, Reader] = {}
-
-
-def reader(name: str) -> Callable[[Reader], Reader]:
-    def deco(fn: Reader) -> Reader:
-        if name in _READERS:
-            raise ValueError(f"trace reader {name!r} registered twice")
-        _READERS[name] = fn
-        return fn
-
-    return deco
+READERS: Registry[Reader] = Registry("trace reader", "--trace-format")
+reader = READERS.register
 
 
 def formats() -> list[str]:
-    return sorted(_READERS)
+    return READERS.names()
 
 
 def _int(path: Path, line: int, row: dict, key: str, minimum: int = 0) -> int:
@@ -181,8 +173,7 @@ def load_trace(path: str | Path, fmt: str, *, time_scale: float = 1.0, offset_s:
                limit: int | None = None) -> Workload:
     """Read a trace; keep requests from `offset_s` seconds in, shifted to start at 0, gaps
     multiplied by `time_scale`, at most `limit` of them."""
-    if fmt not in _READERS:
-        raise ConfigError(f"--trace-format {fmt!r}: allowed values: {', '.join(formats())}")
+    read = READERS.get(fmt)
     if time_scale <= 0:
         raise ConfigError(f"--trace-time-scale {time_scale}: must be > 0")
     if limit is not None and limit < 1:
@@ -190,7 +181,7 @@ def load_trace(path: str | Path, fmt: str, *, time_scale: float = 1.0, offset_s:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--trace {path}: no such file")
-    w = _READERS[fmt](p)
+    w = read(p)
     reqs = sorted(w.requests, key=lambda r: r.arrival_s)  # stable: file order breaks ties
     reqs = [r for r in reqs if r.arrival_s >= offset_s][:limit]
     if not reqs:

@@ -14,10 +14,11 @@ so only counts matter and there is no fragmentation. Other allocators register t
 from __future__ import annotations
 
 import enum
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from twin.registry import Registry
 
 Owner = int
 
@@ -193,40 +194,17 @@ class TokenPool(KVAllocator):
 
 
 AllocatorFactory = Callable[..., KVAllocator]
-ALLOCATORS: dict[str, AllocatorFactory] = {"token": TokenPool}
-_MODULES = ("twin.memory.paged", "twin.memory.buddy", "twin.memory.contiguous")
-
-
-def register_allocator(name: str) -> Callable[[AllocatorFactory], AllocatorFactory]:
-    def deco(factory: AllocatorFactory) -> AllocatorFactory:
-        if name in ALLOCATORS:
-            raise ValueError(f"KV allocator {name!r} registered twice")
-        ALLOCATORS[name] = factory
-        return factory
-
-    return deco
+ALLOCATORS: Registry[AllocatorFactory] = Registry(
+    "KV allocator", "--kv-allocator",
+    ("twin.memory.paged", "twin.memory.buddy", "twin.memory.contiguous"))
+ALLOCATORS.register("token")(TokenPool)
+register_allocator = ALLOCATORS.register
 
 
 def allocator_names() -> list[str]:
-    _load()
-    return sorted(ALLOCATORS)
+    return ALLOCATORS.names()
 
 
 def make_allocator(name: str, capacity: int, **options: object) -> KVAllocator:
     """`options`: page_size, bytes_per_token, min_block_bytes, reserve_fraction, ..."""
-    _load()
-    if name not in ALLOCATORS:
-        from twin.errors import ConfigError
-
-        raise ConfigError(f"--kv-allocator {name!r}: allowed values: "
-                          f"{', '.join(sorted(ALLOCATORS))}")
-    return ALLOCATORS[name](capacity, **options)
-
-
-def _load() -> None:
-    for module in _MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    return ALLOCATORS.get(name)(capacity, **options)

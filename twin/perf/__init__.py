@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from twin.config import Capacity, ServerArgs
-from twin.errors import ConfigError
+from twin.registry import Registry
 
 PrefillChunk = tuple[int, int]  # (new_tokens, cached_prefix_tokens)
 
@@ -45,32 +45,18 @@ class StepTimeModel(Protocol):
 
 
 BackendFactory = Callable[[Capacity, ServerArgs], StepTimeModel]
-_BACKENDS: dict[str, BackendFactory] = {}
-
-
-def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
-    """Register a backend factory under `name`; a duplicate name is an error."""
-
-    def deco(factory: BackendFactory) -> BackendFactory:
-        if name in _BACKENDS:
-            raise ValueError(f"step-time backend {name!r} registered twice")
-        _BACKENDS[name] = factory
-        return factory
-
-    return deco
+BACKENDS: Registry[BackendFactory] = Registry(
+    "step-time backend", "--step-time-backend",
+    ("twin.perf.roofline", "twin.perf.opdb", "twin.perf.fitted"))
+register_backend = BACKENDS.register  # @register_backend("name") on a factory
 
 
 def backend_names() -> list[str]:
-    _load_builtin()
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def make_step_time(name: str, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
-    _load_builtin()
-    if name not in _BACKENDS:
-        raise ConfigError(f"--step-time-backend {name!r}: allowed values: "
-                          f"{', '.join(sorted(_BACKENDS))}")
-    return _BACKENDS[name](capacity, args)
+    return BACKENDS.get(name)(capacity, args)
 
 
 def default_backend(capacity: Capacity) -> str:
@@ -82,13 +68,3 @@ def default_backend(capacity: Capacity) -> str:
         return "roofline"
     return "opdb" if covers(capacity) is None else "roofline"
 
-
-def _load_builtin() -> None:
-    import importlib
-
-    for module in ("twin.perf.roofline", "twin.perf.opdb", "twin.perf.fitted"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
