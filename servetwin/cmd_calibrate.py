@@ -114,9 +114,11 @@ def describe(profile: dict) -> str:
     lines = [f"SGLang {profile['engine']['version']}, model {profile['model']['name']}, "
              f"{profile['device']['kind']}: {fit['samples']} samples "
              f"({', '.join(f'{k} {v}' for k, v in fit['samples_by_source'].items())})",
-             f"step time: {st['form']} (held-out median |error|: " + ", ".join(
-                 f"{f} {e.get('median_abs_rel', float('nan')):.1%}"
-                 for f, e in fit["held_out"].items()) + ")"]
+             f"step time: {st['form']}, {st.get('target', 'median')} target; held-out "
+             "error (run total / per step, median |error|): " + ", ".join(
+                 f"{f} {e.get('run_total_abs_rel', float('nan')):.1%} / "
+                 f"{e.get('median_abs_rel', float('nan')):.1%}"
+                 for f, e in fit["held_out"].items())]
     for name, value in st["coefficients"].items():
         err = st["uncertainty"].get(name)
         unc = f" +- {err:.3g}" if err is not None else " (not identifiable)"
