@@ -188,7 +188,9 @@ class Replica:
         self.min_ratio = min(self.init_ratio * C.MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / C.NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_ratio
-        self.step_end: list[float] = []  # end time of every step that decoded
+        # end times of every step that decoded, in chunks (one per decode run or mixed step)
+        self._end_chunks: list[np.ndarray] = []
+        self.n_dec_steps = 0
         self.counters = Counters()
         self.series: list[tuple] = []  # (t, running, waiting, kv_used, cached, ratio)
         self._sample_every = sample_every_s
@@ -478,7 +480,8 @@ class Replica:
         yield self.env.timeout(dur)
         end = self.env.now
         if decoders:
-            self.step_end.append(end)
+            self._end_chunks.append(np.array([end]))
+            self.n_dec_steps += 1
             self._advance(decoders, 1)
         for req, ext in batch:
             req.computed += ext
@@ -491,7 +494,7 @@ class Replica:
 
     def _join_running(self, reqs: list[SimRequest], now: float) -> None:
         for req in reqs:
-            req.dec_start = len(self.step_end)
+            req.dec_start = self.n_dec_steps
             req.round_start_s = now
             if req.left_batch_s is not None:
                 req.lost_s += now - req.left_batch_s
@@ -551,9 +554,12 @@ class Replica:
         k_mem = max(self.alloc.decode_steps(owners, self.room()), 1)
         k = min(min(r.remaining for r in self.running), k_mem)
         kv0 = sum(r.fill_len for r in self.running)
+        limit = self._next_boundary()
+        if limit is not None and k > 1:  # steps only lengthen as KV grows: bound k first
+            first = float(self.st.decode_times(b, np.array([kv0]))[0])
+            k = min(k, int((limit - self.env.now) / first) + 1)
         times = self.st.decode_times(b, kv0 + b * np.arange(k))
         ends = self.env.now + np.cumsum(times)
-        limit = self._next_boundary()
         if limit is not None and ends[-1] > limit:
             k = int(np.searchsorted(ends, limit, side="left")) + 1
             k = min(k, len(ends))
@@ -563,7 +569,8 @@ class Replica:
         self._stall = 0.0
         if self.step_log is not None:
             self.step_log.append(("decode", self.env.now, [r.rid for r in self.running], k))
-        self.step_end.extend(ends[:k].tolist())
+        self._end_chunks.append(ends[:k])
+        self.n_dec_steps += k
         dur = float(ends[k - 1]) - self.env.now + dur_copy
         self.counters.stall_s += dur_copy
         self.counters.decode_steps += k
@@ -691,7 +698,7 @@ class Replica:
     # ---- leaving the batch --------------------------------------------------------------
     def _close_tokens(self, r: SimRequest) -> None:
         if r.dec_start >= 0:
-            r.tok_events.append((r.dec_start, len(self.step_end)))
+            r.tok_events.append((r.dec_start, self.n_dec_steps))
             r.dec_start = -1
 
     def _release_kv(self, r: SimRequest) -> None:
@@ -782,6 +789,11 @@ class Replica:
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.progress is not None:
             self.progress(len(self.finished), now)
+
+    @property
+    def step_end(self) -> np.ndarray:
+        """End time of every step that decoded (decode and mixed steps), in order."""
+        return np.concatenate(self._end_chunks) if self._end_chunks else np.empty(0)
 
     def check_integrity(self) -> None:
         self.alloc.check_integrity()
