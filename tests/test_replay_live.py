@@ -52,9 +52,10 @@ def replayed(sglang_server, tmp_path_factory):
     workload = shared_prefix_workload()
     limit = min(facts.context_length, facts.max_req_input_len)
     assert all(r.prompt_tokens + r.output_tokens < limit for r in workload.requests)
-    # A generous lateness bound: the 2-core test machine is shared with the server (and
-    # often other jobs); test_slow_client_fails_loudly_with_records covers the bound itself.
-    cfg = ReplayConfig(url=sglang_server.url, seed=0, max_lateness_s=0.5)
+    # No practical lateness bound here: these tests check the records, not how loaded the
+    # 2-core machine is (the server and other jobs share it; lateness over 0.5 s was seen).
+    # test_slow_client_fails_loudly_with_records covers the bound itself.
+    cfg = ReplayConfig(url=sglang_server.url, seed=0, max_lateness_s=60.0)
     result = replay(workload, cfg, facts=facts)
     out = tmp_path_factory.mktemp("live")
     result.write(out)
