@@ -316,3 +316,23 @@ def test_profile_fit_validate_on_the_cpu_server(sglang_server, tmp_path, capsys)
     assert "another server" in capsys.readouterr().err
     assert main(args + ["--force"]) == 0
     assert "--force" in capsys.readouterr().out
+
+
+def test_simulate_with_a_calibration_profile_uses_its_step_time(tmp_path):
+    from twin.sim import SimConfig, simulate
+    from twin.workload import from_spec
+
+    coef = {"step": 0.01, "prefill_token": 0.001, "decode_request": 0.002}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"step_time": {"backend": "fitted", "form": "linear",
+                                              "coefficients": coef}}))
+    wl = from_spec("arrival=poisson,rate=1,n=1,prompt=fixed:100,output=fixed:3", 0)
+    res = simulate(wl, SimConfig(calibration=str(path)))
+    (rec,) = res.records
+    assert res.backend == "fitted"
+    assert rec["ttft_s"] == pytest.approx(0.01 + 100 * 0.001)
+    assert rec["e2e_s"] == pytest.approx(0.11 + 2 * (0.01 + 0.002))
+    out = tmp_path / "sim"
+    assert main(["simulate", "--calibration", str(path), "--workload",
+                 "n=2,prompt=fixed:100,output=fixed:3", "--json", "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["engine"]["backend"] == "fitted"
