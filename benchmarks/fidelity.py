@@ -87,7 +87,7 @@ def run(budget_s: float, out: Path, priority: bool) -> tuple[str, str]:
 
             v = validate(server.url, prof_path, from_spec(spec, seed=7, name=name), out / name,
                          seed=7)
-            print(v.table(), "\n" + format_step_check(v.step_check), flush=True)
+            print(v.table(), "\n" + format_step_check(v.step_check, v.rescaled), flush=True)
             results.append((name, spec, cap, loadavg, v))
     return report(prof, counts, profile_s, results, facts.version)
 
@@ -123,7 +123,7 @@ def report(prof: dict, counts: dict, profile_s: float, results: list, version: s
             text.append(f"{name:<22} {row.metric + unit:<20} {_fmt(row.b):>10} "
                         f"{_fmt(row.a):>10} {err:>8}")
     notes = [f"- `{name}`: `{spec}` (seed 7; twin capacity {cap:.2f} req/s; load average "
-             f"{load:.1f} at its start); {format_step_check(v.step_check)}."
+             f"{load:.1f} at its start); {format_step_check(v.step_check, v.rescaled)}."
              for name, spec, cap, load, v in results]
     coef = ["", "Fitted coefficients (seconds per count; +- one standard error):", "",
             "| term | value | +- |", "| --- | ---: | ---: |"]

@@ -37,6 +37,7 @@ class Validation:
     live_meta: dict
     backend: str
     step_check: dict  # the profile's step times against this live run's own steps
+    rescaled: Comparison | None = None  # a twin with steps scaled by the measured drift
 
     def table(self) -> str:
         return format_table(self.comparison, "twin", "live")
@@ -63,7 +64,8 @@ def at_send_times(workload: Workload, live_records: list[dict]) -> Workload:
     return replace(workload, requests=reqs)
 
 
-def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[dict], object]:
+def simulate_like(workload: Workload, info: dict, profile: dict,
+                  step_scale: float = 1.0) -> tuple[list[dict], object]:
     """The twin's records for `workload` on the server `info` describes, with the profile's
     step time and request-path latency."""
     from runtime.server_api import twin_server_args
@@ -74,6 +76,8 @@ def simulate_like(workload: Workload, info: dict, profile: dict) -> tuple[list[d
     args = twin_server_args(info)
     cap = derive_capacity(args, HARNESS_GPU)
     step = from_step_time_section(profile["step_time"], cap, args)
+    if step_scale != 1.0:
+        step = Scaled(step, step_scale)
     ingress, egress = path_latency(profile)
     shifted = replace(workload, requests=tuple(
         replace(r, arrival_s=r.arrival_s + ingress) for r in workload.requests))
@@ -133,11 +137,46 @@ def validate(url: str, profile_path: Path, workload: Workload, out: Path | None 
     twin_records, step = simulate_like(at_send_times(workload, live.records), facts.info,
                                        profile)
     cmp = compare_records(twin_records, live.records)
+    check = step_check(live.records, facts.info, step)
     v = Validation(workload.name, live.records, twin_records, cmp, warnings + cmp.warnings(),
-                   live.meta, step.describe(), step_check(live.records, facts.info, step))
+                   live.meta, step.describe(), check)
+    k = drift(check)
+    if k is not None:
+        rescaled, _ = simulate_like(at_send_times(workload, live.records), facts.info,
+                                    profile, k)
+        v.rescaled = compare_records(rescaled, live.records)
     if out is not None:
         write_outputs(v, out, profile_path)
     return v
+
+
+class Scaled:
+    """A step-time model times a constant (a diagnostic: the drift a live run measured)."""
+
+    def __init__(self, base, k: float) -> None:
+        self.base, self.k, self.name = base, k, getattr(base, "name", "scaled")
+
+    def step_time(self, prefill_chunks, decode_kv_lens) -> float:
+        return self.k * self.base.step_time(prefill_chunks, decode_kv_lens)
+
+    def decode_times(self, batch_size, kv_sums):
+        return self.k * self.base.decode_times(batch_size, kv_sums)
+
+    def breakdown(self, prefill_chunks, decode_kv_lens) -> dict[str, float]:
+        return {k: self.k * v for k, v in self.base.breakdown(prefill_chunks,
+                                                              decode_kv_lens).items()}
+
+    def describe(self) -> str:
+        return f"{self.k:.3g} x [{self.base.describe()}]"
+
+
+def drift(check: dict) -> float | None:
+    """One ratio, measured / profile, over the live run's isolated steps (sample-weighted
+    geometric mean of the per-kind medians)."""
+    if not check:
+        return None
+    n = sum(v["n"] for v in check.values())
+    return float(np.exp(sum(v["n"] * np.log(v["ratio"]) for v in check.values()) / n))
 
 
 def step_check(live_records: list[dict], info: dict, step) -> dict:
@@ -161,11 +200,18 @@ def step_check(live_records: list[dict], info: dict, step) -> dict:
     return out
 
 
-def format_step_check(check: dict) -> str:
+def format_step_check(check: dict, rescaled: Comparison | None = None) -> str:
     if not check:
         return "steps of the live run: none could be isolated"
-    return "steps of the live run, measured / profile (median): " + "; ".join(
+    text = "steps of the live run, measured / profile (median): " + "; ".join(
         f"{k} {v['ratio']:.2f} (n={v['n']})" for k, v in check.items())
+    if rescaled is not None:
+        text += (f"; a twin with every step x{drift(check):.2f} (diagnostic, not a "
+                 "prediction) would err: " + ", ".join(
+                     f"{m} {rescaled.row(m).rel_err:+.0%}" for m in
+                     ("TTFT p50", "TTFT p99", "TPOT p50", "E2E p50", "E2E p99")
+                     if rescaled.row(m).rel_err is not None))
+    return text
 
 
 def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
@@ -177,6 +223,6 @@ def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
     (out / "twin" / "summary.json").write_text(json.dumps(summarize(v.twin_records), indent=2))
     (out / "fidelity.md").write_text(f"Workload `{v.workload}`; profile `{profile_path}`; twin "
                                      f"step time: {v.backend}\n\n{v.markdown()}\n\n"
-                                     f"{format_step_check(v.step_check)}\n")
+                                     f"{format_step_check(v.step_check, v.rescaled)}\n")
     write_report(out / "report.html", v.live_records, v.twin_records,
                  f"servetwin fidelity: {v.workload}", v.table())

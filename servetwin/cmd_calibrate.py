@@ -144,7 +144,7 @@ def run_validate(ns: argparse.Namespace) -> int:
     print(f"workload: {workload.name} ({len(workload.requests)} requests); twin step time: "
           f"{v.backend}")
     print(v.table())
-    print(format_step_check(v.step_check))
+    print(format_step_check(v.step_check, v.rescaled))
     for w in v.warnings:
         print(f"warning: {w}")
     print(f"wrote {ns.out}/live, {ns.out}/twin, {ns.out}/fidelity.md, {ns.out}/report.html")
