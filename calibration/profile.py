@@ -99,8 +99,9 @@ def make_plan(lim: ServerLimits) -> list[Run]:
                for k, n in ((4, 64), (2, c // 2), (8, max(c // 8, 16)), (4, c // 4))
                if k <= lim.max_running and fits(n)]
     decode = []
-    for b, prompt in ((1, 64), (4, 256), (lim.max_running, 128), (8, 512), (2, 1024),
-                      (lim.max_running, 512), (16, 64), (1, 2048), (4, 1536)):
+    for b, prompt in ((1, 64), (4, 256), (lim.max_running, 128), (2, 256), (8, 512),
+                      (1, 512), (2, 1024), (lim.max_running, 512), (3, 128), (16, 64),
+                      (1, 2048), (4, 1536)):
         b = min(b, lim.max_running)
         if b * (prompt + OUTPUT_DECODE) <= 0.8 * lim.max_total_tokens and fits(prompt):
             decode.append(Run(f"decode-b{b}-p{prompt}", "decode",
