@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from servetwin.cli import UserError
+from servetwin.cmd_live_launch import register_command
 from servetwin.cmd_live_replay import register_compare, register_replay
 
 
@@ -129,4 +130,5 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
         server.stop()
 
 
-LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare]
+LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare,
+                    register_command]

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
     p.add_argument("--quantization", choices=[q for q in QUANTIZATIONS if q])
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--cuda-graph-max-bs", type=int)
+    p.add_argument("--cuda-graph-max-bs-decode", type=int)
     p.add_argument("--step-time-backend", choices=["roofline", "opdb"],
                    help="default: opdb where aiconfigurator-core's data covers the "
                    "model, GPU and dtypes, else roofline")
@@ -89,7 +89,7 @@ def run(ns: argparse.Namespace) -> int:
         max_total_tokens=ns.max_total_tokens, context_length=ns.context_length,
         chunked_prefill_size=ns.chunked_prefill_size, kv_cache_dtype=ns.kv_cache_dtype,
         quantization=ns.quantization, disable_cuda_graph=ns.disable_cuda_graph,
-        cuda_graph_max_bs=ns.cuda_graph_max_bs)
+        cuda_graph_max_bs_decode=ns.cuda_graph_max_bs_decode)
     chunks, decode = parse_prefill(ns.prefill), parse_decode(ns.decode)
     if not chunks and not decode:
         decode = [ns.prompt_len + ns.output_len // 2] * 32

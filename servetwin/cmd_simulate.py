@@ -147,6 +147,7 @@ def run(ns: argparse.Namespace) -> int:
     progress.close()
     if ns.out:
         result.write(ns.out)
+        _write_launch(ns.out, cfg)
     if ns.json:
         import json
 
@@ -155,8 +156,19 @@ def run(ns: argparse.Namespace) -> int:
         print(f"step-time backend: {result.backend}")
         print(format_summary(result.summary))
         if ns.out:
-            print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv")
+            print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv, "
+                  "sglang_launch.txt (the same deployment on the real engine)")
     return 0
+
+
+def _write_launch(out: Path, cfg: SimConfig) -> None:
+    """The same deployment on the real engine, and what does not carry over."""
+    import shlex
+
+    from runtime.launch import launch_command, not_sglang
+
+    lines = [shlex.join(launch_command(cfg.args))] + [f"# {n}" for n in not_sglang(cfg)]
+    (out / "sglang_launch.txt").write_text("\n".join(lines) + "\n")
 
 
 def _print_header(ns: argparse.Namespace, cap, workload) -> None:

@@ -34,7 +34,7 @@ def test_llama_8b_on_one_a100_80gb_matches_hand_arithmetic():
 
 def test_reserve_floor_of_10_gib_on_large_gpus():
     args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", chunked_prefill_size=2048,
-                      cuda_graph_max_bs=8)
+                      cuda_graph_max_bs_decode=8)
     # 512 + 2048 * 1.5 + 8 * 2 + 128 = 3728 MiB < 10 GiB floor
     assert derive_capacity(args, "h100-sxm-80gb").mem_fraction_static == round(
         (81920 - 10240) / 81920, 3)

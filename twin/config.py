@@ -54,7 +54,7 @@ class ServerArgs:
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = 10
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
+    cuda_graph_max_bs_decode: int | None = None  # SGLang 0.5.23's name (no --cuda-graph-max-bs)
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
 
@@ -75,7 +75,7 @@ class ServerArgs:
             if getattr(self, name) < 1:
                 raise bad(name, getattr(self, name), "must be >= 1")
         for name in ("max_total_tokens", "max_running_requests", "context_length",
-                     "cuda_graph_max_bs"):
+                     "cuda_graph_max_bs_decode"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise bad(name, value, "must be >= 1")
@@ -173,7 +173,7 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
     mem_mib = gpu.mem_bytes / 2**20
     chunk_default, graph_bs_default = gpu_memory_defaults(mem_mib, args.tp_size)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size is not None else chunk_default
-    graph_bs = args.cuda_graph_max_bs or graph_bs_default
+    graph_bs = args.cuda_graph_max_bs_decode or graph_bs_default
     frac = args.mem_fraction_static or default_mem_fraction(
         mem_mib, chunk, args.max_prefill_tokens, graph_bs, args.tp_size)
     weights = model.weight_bytes_per_gpu(args.tp_size)
