@@ -6,8 +6,9 @@
 Starts the CPU SGLang server, profiles it within the budget (`calibration.profile`), fits
 the step time (`calibration.fit`), then validates on held-out workloads that differ from
 every profiling run (Poisson and bursty arrivals, other length distributions, shared
-prefixes): light load, about 70 % of capacity, and near saturation, where capacity is
-what the calibrated twin itself predicts for that workload's mix. `--priority` starts the
+prefixes): light load, about 70 % of capacity, and near saturation (95 %, bursty gamma
+arrivals with CV 3, so requests queue), where capacity is what the calibrated twin itself
+predicts for that workload's mix. `--priority` starts the
 server with priority scheduling and adds a workload with priority tiers. Prints one table
 (workload, metric, live, twin, error) and writes it, with the date, the machine and the
 fitted coefficients, into docs/calibration.md between the results markers.
@@ -41,7 +42,7 @@ WORKLOADS = (
     ("light", "prompt=uniform:64:512,output=uniform:16:64", 0.25, 40),
     ("medium-shared-prefix", "prompt=uniform:32:256,output=uniform:16:64,templates=4,"
      "template_len=512,share=0.6", 0.7, 90),
-    ("near-saturation", "prompt=lognormal:200:0.6,output=uniform:16:96", 0.9, 120),
+    ("near-saturation-bursty", "prompt=lognormal:200:0.6,output=uniform:16:96", 0.95, 120),
 )
 PRIORITY = ("priority-tiers", "prompt=uniform:64:384,output=uniform:16:64,tiers=0:0.8/10:0.2",
             0.7, 60)
@@ -79,7 +80,8 @@ def run(budget_s: float, out: Path, priority: bool) -> tuple[str, str]:
         results = []
         for name, body, load, n in WORKLOADS + ((PRIORITY,) if priority else ()):
             cap = capacity(facts.info, prof, body)
-            spec = f"arrival=poisson,rate={load * cap:.3f},n={n},{body}"
+            arrival = "gamma,cv=3" if name.endswith("bursty") else "poisson"
+            spec = f"arrival={arrival},rate={load * cap:.3f},n={n},{body}"
             loadavg = os.getloadavg()[0]
             print(f"{name}: {spec} (twin capacity {cap:.2f} req/s; load average "
                   f"{loadavg:.1f})", flush=True)
