@@ -85,7 +85,7 @@ def run_calibrate(ns: argparse.Namespace) -> int:
 
 
 def _profile_live(url: str, out: Path, budget_s: float):
-    from calibration.profile import Bar, ServerLimits, Store, all_samples, profile
+    from calibration.profile import Bar, ServerLimits, Store, all_samples, make_plan, profile
     from calibration.profiles import identity
     from calibration.session import server_facts
 
@@ -97,10 +97,7 @@ def _profile_live(url: str, out: Path, budget_s: float):
           f"max running {lim.max_running}, KV pool {lim.max_total_tokens} tokens, chunk "
           f"{lim.chunk}, max input {lim.max_input}"
           + (f"; resuming after {len(store.done)} runs" if store.done else ""))
-    bar = Bar(0, budget_s)
-    from calibration.profile import make_plan
-
-    bar.total = len(make_plan(lim))
+    bar = Bar(len(make_plan(lim)), budget_s)
     counts = profile(url, store, lim, facts.vocab_size, budget_s, bar)
     bar.close()
     print(f"runs: {counts['ran']} now, {counts['resumed']} resumed, {counts['over_budget']} "
