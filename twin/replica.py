@@ -15,144 +15,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from twin import config as C
+from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.config import Capacity, ServerArgs
-from twin.memory import AllocResult, KVAllocator, TokenPool
+from twin.memory import KVAllocator, TokenPool
 from twin.perf import StepTimeModel
 from twin.policy import Policy, Snapshot
 from twin.prefix import RadixCache
+from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
 from twin.source import Source
 
-CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+__all__ = ["Counters", "DefragConfig", "Replica", "SwapConfig"]
 
 
-@dataclass
-class Counters:
-    prefill_steps: int = 0
-    decode_steps: int = 0
-    mixed_steps: int = 0
-    prefill_tokens: int = 0  # tokens computed by prefill (recomputation included)
-    retractions: int = 0
-    preemptions: int = 0
-    swap_outs: int = 0
-    swap_ins: int = 0
-    swapped_bytes: float = 0.0
-    compactions: int = 0
-    compaction_s: float = 0.0
-    stall_s: float = 0.0  # time the replica spent copying KV (swap, compaction)
-    busy_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class DefragConfig:
-    """Compact the KV allocator every `every` finished requests and/or whenever its external
-    fragmentation exceeds `threshold` (the users: 100 and 0.25)."""
-
-    every: int | None = None
-    threshold: float | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.every) or self.threshold is not None
-
-
-@dataclass(frozen=True)
-class SwapConfig:
-    """Swap instead of recompute for preempted or retracted requests holding at least
-    `min_tokens` KV tokens, while host memory (`host_bytes`) has room. Copies run over the
-    GPU's host link (`GpuSpec.host_link_bw`) and stall the replica."""
-
-    min_tokens: int | None = None  # None: always recompute (SGLang's behaviour)
-    host_bytes: float = 0.0
-
-
-class Adder:
-    """SGLang's `PrefillAdder` for one scheduling pass: the token budgets."""
-
-    def __init__(self, rep: Replica, mixed_bs: int) -> None:
-        self.rep = rep
-        cap = rep.cap
-        ratio = rep.new_token_ratio
-        self.total_offset = mixed_bs + sum(
-            min(r.remaining, C.CLIP_MAX_NEW_TOKENS) * ratio for r in rep.running)
-        self.cur_offset = mixed_bs
-        self.rem_input = cap.max_prefill_tokens - mixed_bs
-        chunk = cap.chunked_prefill_size
-        self.rem_chunk = None if chunk is None else chunk - mixed_bs
-        self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
-        self.new_chunked: SimRequest | None = None
-
-    def room(self) -> int:
-        return self.rep.room()
-
-    def rem_total(self) -> float:
-        return self.room() - self.total_offset
-
-    def state(self) -> str:
-        if self.rem_total() <= 0 or self.room() - self.cur_offset <= 0:
-            return NO_TOKEN
-        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
-            return OTHER
-        return CONTINUE
-
-    def _take(self, extend: int, future: int) -> None:
-        extend = self.rep.ceil_page(extend)
-        self.total_offset += self.rep.alloc.footprint(extend + future)
-        self.cur_offset += extend
-        self.rem_input -= extend
-        if self.rem_chunk is not None:
-            self.rem_chunk -= extend
-
-    def add_chunked(self, req: SimRequest) -> SimRequest | None:
-        left = req.fill_len - req.computed
-        truncated = self.rem_chunk is not None and left > self.rem_chunk
-        ext = min(left, self.rem_chunk) if self.rem_chunk is not None else left
-        self.can_run.append((req, ext))
-        self._take(ext, 0 if truncated else min(req.remaining, C.CLIP_MAX_NEW_TOKENS))
-        return req if truncated else None
-
-    def add_one(self, req: SimRequest) -> str:
-        future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
-        if req.swapped_tokens:  # comes back from host memory: KV room, no compute
-            total = self.rep.alloc.footprint(req.swapped_tokens + future)
-            if total >= self.rem_total():
-                return NO_TOKEN
-            self.can_run.append((req, 0))
-            self.total_offset += total
-            self.cur_offset += req.swapped_tokens
-            return self.state()
-        extend = req.fill_len - req.prefix_len
-        input_tokens = self.rep.ceil_page(extend)
-        total = self.rep.alloc.footprint(extend + future)
-        if total >= self.rem_total():
-            return NO_TOKEN
-        if input_tokens >= self.rem_input and self.can_run:
-            return OTHER
-        self.rep.lock(req, req.matched_node)
-        if total >= self.rem_total():
-            self.rep.unlock(req)
-            return NO_TOKEN
-        if self.rem_chunk is None or input_tokens <= self.rem_chunk:
-            self.can_run.append((req, extend))
-            self._take(extend, future)
-        else:
-            trunc = self.rem_chunk // self.rep.page * self.rep.page
-            if trunc <= 0:
-                self.rep.unlock(req)
-                return OTHER
-            self.can_run.append((req, trunc))
-            self.new_chunked = req
-            self._take(trunc, 0)
-        return self.state()
-
-
-class Replica:
+class Replica(KVMemory):
     """The simulated server. `run()` is its SimPy process; `finished` collects every
     request that left (ok, rejected or aborted)."""
 
@@ -202,103 +83,12 @@ class Replica:
         self.step_log: list[tuple] | None = None
 
     # ---- memory helpers -------------------------------------------------------------
-    def ceil_page(self, n: int) -> int:
-        return -(-n // self.page) * self.page if self.page > 1 else n
-
-    def evictable(self) -> int:
-        return self.tree.evictable_tokens if self.tree else 0
-
     def room(self) -> int:
         """KV tokens a scheduling pass may count on: free, evictable cached tokens, and the
         block space only the cache pins (block allocators)."""
         if self.tree is None:
             return self.alloc.available()
         return self.alloc.available() + self.tree.evictable_tokens + self.alloc.cache_slack()
-
-    def _take_kv(self, owner: int, n: int) -> bool:
-        """Give `owner` n more KV tokens, evicting cached prefixes (LRU) when short."""
-        if n <= 0:
-            return True
-        short = n - self.alloc.available()
-        if short > 0 and self.tree:
-            self.tree.evict(short)
-        res = self.alloc.alloc(owner, n)
-        while res is AllocResult.FRAGMENTED and self.tree and self.tree.evictable_tokens:
-            self.tree.evict(n)  # freed blocks may coalesce into a usable run
-            res = self.alloc.alloc(owner, n)
-        if res is AllocResult.FRAGMENTED and self.defrag.enabled:
-            self._compact()
-            res = self.alloc.alloc(owner, n)
-        self._charge_moves()
-        return res is AllocResult.OK
-
-    def _reserve(self, req: SimRequest) -> bool:
-        """Pre-allocate at admission: contiguous reserves prompt + max new tokens, a buddy
-        block is sized for the round's own tokens; token pools do nothing."""
-        own = req.fill_len - req.prefix_len
-        n = own + req.remaining if self.alloc.reserves_outputs else own
-        res = self.alloc.reserve(req.index, n)
-        if res is AllocResult.OK:
-            return True
-        if self.tree and self.tree.evictable_tokens:
-            self.tree.evict(self.tree.evictable_tokens)
-            res = self.alloc.reserve(req.index, n)
-        if res is not AllocResult.OK and self.defrag.enabled:
-            self._compact()
-            res = self.alloc.reserve(req.index, n)
-        return res is AllocResult.OK
-
-    def _charge_moves(self) -> None:
-        """Re-allocations copy KV over HBM: stall the replica for read + write."""
-        if not self._tracks_moves:
-            return
-        moved = self.alloc.stats().tokens_moved
-        if moved > self._moved_seen:
-            self._copy_stall(moved - self._moved_seen)
-            self._moved_seen = moved
-
-    def _copy_stall(self, tokens: int) -> None:
-        self._stall += 2 * tokens * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
-
-    def _compact(self) -> None:
-        """Mark-compact the allocator (`--defrag-every`, `--defrag-threshold`, or an
-        allocation that failed on fragmentation); the copy stalls the replica."""
-        moved = self.alloc.compact()
-        self.counters.compactions += 1
-        stall = 2 * moved * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
-        self.counters.compaction_s += stall
-        self._stall += stall
-        if self._tracks_moves:
-            self._moved_seen = self.alloc.stats().tokens_moved
-        self._since_defrag = 0
-
-    def _maybe_defrag(self, finished: int) -> None:
-        d = self.defrag
-        if not d.enabled:
-            return
-        self._since_defrag += finished
-        if d.every and self._since_defrag >= d.every:
-            self._compact()
-        elif d.threshold is not None and self.alloc.fragmentation() > d.threshold:
-            self._compact()
-
-    def lock(self, req: SimRequest, node) -> None:
-        if self.tree and node is not None:
-            self.tree.lock(node)
-            req.node = node
-
-    def unlock(self, req: SimRequest) -> None:
-        if self.tree and req.node is not None:
-            self.tree.unlock(req.node)
-        req.node = None
-
-    def _match(self, req: SimRequest) -> None:
-        if self.tree is None or req.swapped_tokens:
-            req.prefix_len, req.matched_node = 0, None
-            return
-        n, node = self.tree.match(req.req.segments, self.env.now)
-        # SGLang keeps at least one token to compute (the logits of the last one)
-        req.prefix_len, req.matched_node = min(n, req.fill_len - 1), node
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> Iterator[simpy.Event]:
@@ -501,21 +291,6 @@ class Replica:
                 req.left_batch_s = None
             self.running.append(req)
 
-    def _swap_in(self, req: SimRequest, restored: list[SimRequest]) -> float:
-        """Bring a swapped-out request's KV back over the host link; it decodes next."""
-        n = req.swapped_tokens
-        if not self._take_kv(req.index, n) and not self._make_room(req.index, n):
-            self.waiting.append(req)  # stays swapped out; tried again in a later pass
-            return 0.0
-        nbytes = n * self.cap.kv_bytes_per_token
-        req.private, req.swapped_tokens = n, 0
-        req.moved_bytes += nbytes
-        self.host_used -= nbytes
-        self.counters.swap_ins += 1
-        self.counters.swapped_bytes += nbytes
-        restored.append(req)
-        return nbytes / self.cap.gpu.host_link_bw
-
     def _prefill_done(self, req: SimRequest, end: float) -> None:
         """The round's prefill completed: the next token is out, the prompt is cached."""
         req.generated_tokens += 1
@@ -580,30 +355,6 @@ class Replica:
         yield self.env.timeout(dur)
         self._finish_done(self.env.now)
 
-    def _grow_decoders(self, reqs: list[SimRequest], k: int) -> bool:
-        """Charge k decode tokens to each of `reqs`; when the allocator cannot (a block
-        allocator out of usable space), retract as SGLang does when decode runs out of KV.
-        False when the step cannot run as planned."""
-        need = len(reqs) * k - self.alloc.available()
-        if need > 0 and self.tree:
-            self.tree.evict(need)
-        owners = [r.index for r in reqs]
-        moved = self.alloc.grow_all(owners, k)
-        if moved is None and self.tree and self.tree.evictable_tokens:
-            self.tree.evict(self.tree.evictable_tokens)
-            moved = self.alloc.grow_all(owners, k)
-        if moved is None and self.defrag.enabled:
-            self._compact()
-            moved = self.alloc.grow_all(owners, k)
-        if moved is None:
-            self._retract()
-            return False
-        if moved:
-            self._copy_stall(moved)
-            if self._tracks_moves:
-                self._moved_seen = self.alloc.stats().tokens_moved
-        return True
-
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
         candidates = [self._next_sample]
@@ -660,34 +411,6 @@ class Replica:
             self.new_token_ratio = min(1.0, (gen + C.RETRACT_DECODE_STEPS * len(order))
                                        / max_new)
 
-    def _make_room(self, owner: int, n: int) -> bool:
-        """A prefill chunk found no KV (possible for a chunked request's later chunks, which
-        SGLang's budget does not reserve, or a block allocator's fragmentation): retract
-        running requests for it, fewest generated tokens first, until it fits. False when
-        even that is not enough."""
-        while self.running:
-            victim = min(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens))
-            self.running.remove(victim)
-            self._release_to_queue(victim, preempted=False)
-            self.shrunk = True
-            if self._take_kv(owner, n):
-                return True
-        return self._take_kv(owner, n)
-
-    def _requeue_unplaced(self, req: SimRequest) -> None:
-        """The budget admitted it but the allocator could not place it (fragmentation): it
-        waits for the next pass, or is aborted when nothing else holds memory to wait for."""
-        self.alloc.free(req.index)
-        self.unlock(req)
-        if req is self.chunked:
-            self.chunked = None
-        if not self.running and not self.chunked and not (self.tree and self.tree.total_tokens):
-            self._leave(req, "aborted", "the KV allocator cannot place it even in an empty "
-                        f"pool ({self.alloc.name}, {self.alloc.stats().free} tokens free)")
-            return
-        self.waiting.insert(0, req)
-        self.batch_full = True
-
     def _abort_prefill(self, req: SimRequest) -> None:
         if req is self.chunked:
             self.chunked = None
@@ -700,11 +423,6 @@ class Replica:
         if r.dec_start >= 0:
             r.tok_events.append((r.dec_start, self.n_dec_steps))
             r.dec_start = -1
-
-    def _release_kv(self, r: SimRequest) -> None:
-        self.alloc.free(r.index)
-        r.private = 0
-        self.unlock(r)
 
     def _release_to_queue(self, r: SimRequest, preempted: bool) -> None:
         self._close_tokens(r)
@@ -721,21 +439,6 @@ class Replica:
             r.retractions += 1
             self.counters.retractions += 1
         self.waiting.append(r)
-
-    def _swap_out(self, r: SimRequest) -> None:
-        """Copy the request's whole KV to host memory when swapping is on, it holds enough
-        tokens and the host has room; otherwise it will be recomputed."""
-        kv = r.prompt_tokens + r.generated_tokens - 1
-        nbytes = kv * self.cap.kv_bytes_per_token
-        if (self.swap.min_tokens is None or kv < self.swap.min_tokens
-                or self.host_used + nbytes > self.swap.host_bytes):
-            return
-        r.swapped_tokens = kv
-        r.moved_bytes += nbytes
-        self.host_used += nbytes
-        self._stall += nbytes / self.cap.gpu.host_link_bw
-        self.counters.swap_outs += 1
-        self.counters.swapped_bytes += nbytes
 
     def _finish(self, r: SimRequest, now: float) -> None:
         self._close_tokens(r)

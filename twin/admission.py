@@ -1,0 +1,95 @@
+"""SGLang's `PrefillAdder` for one scheduling pass: the token budgets a prefill batch is
+built under (max prefill tokens, chunk size, KV room minus `new_token_ratio` x the running
+requests' future tokens). The replica (`twin/replica.py`) owns the state it reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twin import config as C
+from twin.request_state import SimRequest
+
+if TYPE_CHECKING:
+    from twin.replica import Replica
+
+CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
+
+
+class Adder:
+    """SGLang's `PrefillAdder` for one scheduling pass: the token budgets."""
+
+    def __init__(self, rep: Replica, mixed_bs: int) -> None:
+        self.rep = rep
+        cap = rep.cap
+        ratio = rep.new_token_ratio
+        self.total_offset = mixed_bs + sum(
+            min(r.remaining, C.CLIP_MAX_NEW_TOKENS) * ratio for r in rep.running)
+        self.cur_offset = mixed_bs
+        self.rem_input = cap.max_prefill_tokens - mixed_bs
+        chunk = cap.chunked_prefill_size
+        self.rem_chunk = None if chunk is None else chunk - mixed_bs
+        self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
+        self.new_chunked: SimRequest | None = None
+
+    def room(self) -> int:
+        return self.rep.room()
+
+    def rem_total(self) -> float:
+        return self.room() - self.total_offset
+
+    def state(self) -> str:
+        if self.rem_total() <= 0 or self.room() - self.cur_offset <= 0:
+            return NO_TOKEN
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
+            return OTHER
+        return CONTINUE
+
+    def _take(self, extend: int, future: int) -> None:
+        extend = self.rep.ceil_page(extend)
+        self.total_offset += self.rep.alloc.footprint(extend + future)
+        self.cur_offset += extend
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+    def add_chunked(self, req: SimRequest) -> SimRequest | None:
+        left = req.fill_len - req.computed
+        truncated = self.rem_chunk is not None and left > self.rem_chunk
+        ext = min(left, self.rem_chunk) if self.rem_chunk is not None else left
+        self.can_run.append((req, ext))
+        self._take(ext, 0 if truncated else min(req.remaining, C.CLIP_MAX_NEW_TOKENS))
+        return req if truncated else None
+
+    def add_one(self, req: SimRequest) -> str:
+        future = min(max(req.remaining, 0), C.CLIP_MAX_NEW_TOKENS)
+        if req.swapped_tokens:  # comes back from host memory: KV room, no compute
+            total = self.rep.alloc.footprint(req.swapped_tokens + future)
+            if total >= self.rem_total():
+                return NO_TOKEN
+            self.can_run.append((req, 0))
+            self.total_offset += total
+            self.cur_offset += req.swapped_tokens
+            return self.state()
+        extend = req.fill_len - req.prefix_len
+        input_tokens = self.rep.ceil_page(extend)
+        total = self.rep.alloc.footprint(extend + future)
+        if total >= self.rem_total():
+            return NO_TOKEN
+        if input_tokens >= self.rem_input and self.can_run:
+            return OTHER
+        self.rep.lock(req, req.matched_node)
+        if total >= self.rem_total():
+            self.rep.unlock(req)
+            return NO_TOKEN
+        if self.rem_chunk is None or input_tokens <= self.rem_chunk:
+            self.can_run.append((req, extend))
+            self._take(extend, future)
+        else:
+            trunc = self.rem_chunk // self.rep.page * self.rep.page
+            if trunc <= 0:
+                self.rep.unlock(req)
+                return OTHER
+            self.can_run.append((req, trunc))
+            self.new_chunked = req
+            self._take(trunc, 0)
+        return self.state()
