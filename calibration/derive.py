@@ -11,8 +11,9 @@ It sees, per request, when each output token arrived. Two derivations are used
   exactly one step in between: every request that had a token in i-1 and is not finished
   appears in i (a decode step, its batch is those requests), or none of them does and
   only first tokens appear (a prefill step whose prompts fit one chunk); no request
-  waited for its first token across the gap (it could have been prefilled in a chunk
-  step that emits nothing); and the server was not idle (a decode batch was running, or
+  waiting for its first token across the gap could have been prefilled in a chunk step
+  that emits nothing (a prompt longer than the chunk; before a prefill step, any waiting
+  request, which may have been chunked into it); and the server was not idle (a decode batch was running, or
   the prefilled requests were sent before i-1). A decode step's duration is the median
   over its requests of their own gap (per-request delivery offsets cancel); a prefill
   step's is the difference of the two clusters' median arrival times.
@@ -139,7 +140,7 @@ def _gap_sample(lines, prev, cur, running: set[int], first_at, limits: Limits,
     full = limits.max_running is not None and len(running) >= limits.max_running
     waiting = [j for j, tl in enumerate(lines) if j not in firsts and tl.sent < t_prev
                and first_at[j] > t_cur]
-    if waiting and not full:
+    if waiting and not full and (firsts or any(_chunked(lines[j], limits) for j in waiting)):
         return None  # a waiting request may have been prefilled in a silent chunk step
     chunks = [(lines[i].extend, lines[i].cached) for i in firsts]
     kv = sum(lines[i].prompt + k for i, k in decoders.items())
@@ -151,6 +152,12 @@ def _gap_sample(lines, prev, cur, running: set[int], first_at, limits: Limits,
     return {"steps": [_step(chunks, len(decoders), kv)], "dur_s": round(dur, 7),
             "kind": kind, "source": "token-gap", "tag": lines[firsts[0] if firsts else
                                                              next(iter(decoders))].tag}
+
+
+def _chunked(tl: Timeline, limits: Limits) -> bool:
+    """Whether the request's prefill may take a step that emits no token: only a prompt
+    longer than the chunk has a chunk step of its own that finishes nothing."""
+    return limits.chunk is not None and tl.extend > limits.chunk
 
 
 def chunk_steps(extend: int, cached: int, chunk: int | None) -> list[list]:

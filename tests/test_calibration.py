@@ -84,6 +84,14 @@ def test_token_gaps_skip_what_cannot_be_seen():
     assert got == [("decode", 0.03), ("decode", 0.04)]
 
 
+def test_a_short_prompt_waiting_does_not_hide_a_step():
+    # d waits (sent at 0.21, prefilled later) but its prompt fits a chunk: no silent step
+    steps = [(0.2, ("a",), ()), (0.03, (), ("a",)), (0.031, (), ("a",)), (0.05, ("d",), ())]
+    lines = run_server({"a": 0.0, "d": 0.21}, {"a": 10, "d": 100}, steps)
+    got = [(s["kind"], round(s["dur_s"], 9)) for s in token_gap_samples(lines, Limits(512, 8))]
+    assert got == [("decode", 0.03), ("decode", 0.031), ("prefill", 0.05)]
+
+
 def test_token_gaps_skip_an_idle_server():
     # b is sent after a finished: the server idled, so the step's start is unknown
     steps = [(0.1, ("a",), ()), (0.02, (), ("a",)), (0.5, (), ()), (0.1, ("b",), ())]
@@ -112,7 +120,8 @@ def test_timelines_from_records_rebuild_token_times():
 
 # ---- the fit -------------------------------------------------------------------------
 TRUE = {"step": 0.014, "prefill_token": 4.6e-4, "prefill_token_ctx": 2e-7,
-        "prefill_ctx_sq": 1e-7, "prefill_request": 4e-3, "decode_request": 1e-3,
+        "prefill_ctx_sq": 1e-7, "prefill_request": 4e-3, "decode_batched": 6e-3,
+        "decode_request": 1e-3,
         "decode_kv_token": 3e-6}
 
 

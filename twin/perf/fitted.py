@@ -8,7 +8,10 @@ Two forms, chosen by calibration on held-out samples (the profile records which)
   `n * (cached + (n + 1) / 2)` per chunk: causal attention of the new tokens),
   `prefill_ctx_sq` (`(cached + n) ** 2` per chunk: attention kernels that compute the
   whole sequence's causal square whatever is cached, as SGLang's `torch_native` backend
-  does with its redundant queries), `prefill_request` (sequences in the prefill batch), `decode_request` (sequences decoding), `decode_kv_token` (their total KV
+  does with its redundant queries), `prefill_request` (sequences in the prefill batch),
+  `decode_batched` (1 when two or more sequences decode together: on the CPU harness a
+  decode step jumps by about 6 ms from one sequence to two, then grows by about 1 ms per
+  sequence), `decode_request` (sequences decoding), `decode_kv_token` (their total KV
   length), `tp_comm_token` (tokens through the layers when TP > 1, for the all-reduces).
 - `roofline-correction`: `a + b x base(step)` on top of an uncalibrated backend (the
   roofline; on a CPU server the CPU roofline guess of `twin.perf.cpu_guess`).
@@ -31,9 +34,10 @@ from twin.errors import ConfigError
 from twin.perf import PrefillChunk, StepTimeModel, register_backend
 
 TERMS = ("step", "prefill_token", "prefill_token_ctx", "prefill_ctx_sq", "prefill_request",
-         "decode_request", "decode_kv_token", "tp_comm_token")
-_STEP, _DEC_REQ, _DEC_KV, _TP = (TERMS.index(t) for t in ("step", "decode_request",
-                                                            "decode_kv_token", "tp_comm_token"))
+         "decode_batched", "decode_request", "decode_kv_token", "tp_comm_token")
+_STEP, _BATCHED, _DEC_REQ, _DEC_KV, _TP = (
+    TERMS.index(t) for t in ("step", "decode_batched", "decode_request", "decode_kv_token",
+                             "tp_comm_token"))
 FORMS = ("linear", "roofline-correction")
 
 
@@ -44,7 +48,8 @@ def term_counts(prefill_chunks: Sequence[PrefillChunk], batch: int, kv_sum: floa
     ctx = sum(n * (c + (n + 1) / 2) for n, c in prefill_chunks)
     square = sum((c + n) ** 2 for n, c in prefill_chunks)
     comm = (new + batch) if tp_size > 1 else 0
-    return np.array([1.0, new, ctx, square, len(prefill_chunks), batch, kv_sum, comm],
+    batched = 1.0 if batch >= 2 else 0.0
+    return np.array([1.0, new, ctx, square, len(prefill_chunks), batched, batch, kv_sum, comm],
                     dtype=float)
 
 
@@ -78,7 +83,8 @@ class LinearStepTime:
     def decode_times(self, batch_size: int, kv_sums: np.ndarray) -> np.ndarray:
         c = self.coef
         per_req = c[_DEC_REQ] + (c[_TP] if self.tp_size > 1 else 0.0)
-        return c[_STEP] + per_req * batch_size + c[_DEC_KV] * np.asarray(kv_sums, dtype=float)
+        const = c[_STEP] + per_req * batch_size + (c[_BATCHED] if batch_size >= 2 else 0.0)
+        return const + c[_DEC_KV] * np.asarray(kv_sums, dtype=float)
 
     def describe(self) -> str:
         parts = ", ".join(f"{t} {c:.3g}" for t, c in zip(TERMS, self.coef, strict=True) if c)
