@@ -19,7 +19,11 @@ Each form is fitted for two targets (`robust_nnls`): the `median` step (robust) 
 runs (sample tags) are split, every fourth run held out; each pair is fitted on the rest
 and scored by the median over held-out runs of the |relative error| of the run's total
 step time (what a latency that sums many steps sees), ties broken by the median
-|relative error| per step; the winner is refitted on everything.
+|relative error| per step. The target is `mean` unless the `median` target beats it on
+that score by over 5 points: on the CPU harness the two score within noise of each
+other on the short, calm profiling runs, while sustained validation replays run a few
+percent slower than both, so the higher of the two is the safer default. The winner is
+refitted on everything.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ HOLDOUT_EVERY = 4
 SOFT_L1_SCALE = 0.1  # relative residual where the loss turns from quadratic to linear
 MEAN_SCALE = 1.0  # the same for the `mean` target's second pass
 TARGETS = ("mean", "median")
+MEDIAN_MARGIN = 0.05  # how much better (run-total error) the median target must do
 
 
 @dataclass(frozen=True)
@@ -205,8 +210,15 @@ def fit_step_time(samples: Sequence[dict], tp_size: int = 1,
             scores[key] = error_stats((pred - y[test]) / y[test]) | {
                 "run_total_abs_rel": run_total_error(pred, y[test], tags)}
             cands[key] = (cand, target)
-    best = min(scores, key=lambda k: (scores[k]["run_total_abs_rel"],
-                                      scores[k].get("median_abs_rel", np.inf)))
+    # the form by held-out error; the target is the mean unless the median fits the
+    # held-out runs' totals clearly better (sums of steps are what latencies add up)
+    forms = {k.split("/")[0] for k in scores}
+    form = min(forms, key=lambda f: (scores[f"{f}/mean"]["run_total_abs_rel"],
+                                     scores[f"{f}/mean"].get("median_abs_rel", np.inf)))
+    best = f"{form}/mean"
+    if scores[f"{form}/median"]["run_total_abs_rel"] < \
+            scores[best]["run_total_abs_rel"] - MEDIAN_MARGIN:
+        best = f"{form}/median"
     cand, target = cands[best]
     fit = robust_nnls(cand.rows, y, w, cand.names, target)
     section = {"backend": "fitted", "form": cand.form, "target": target,
@@ -219,8 +231,9 @@ def fit_step_time(samples: Sequence[dict], tp_size: int = 1,
                for k in sorted({s["kind"] for s in samples})}
     fit_info = {"samples": len(samples), "train_samples": len(train),
                 "held_out_samples": len(test), "held_out": scores,
-                "chosen_by": "held-out runs: median |error| of a run's total step time "
-                             "(then the median |error| per step)",
+                "chosen_by": "form: held-out runs' median |error| of a run's total step "
+                             "time (mean target); target: mean unless the median target's "
+                             f"is lower by over {MEDIAN_MARGIN:.0%}",
                 "residuals": error_stats(fit.rel_residuals), "residuals_by_kind": by_kind,
                 "samples_by_source": _count(samples, "source")}
     return {"step_time": section, "fit": fit_info}
