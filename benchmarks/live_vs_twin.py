@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibration.profiles import machine  # noqa: E402  (one description of the machine)
 from runtime.client import ReplayConfig, replay  # noqa: E402
 from runtime.cpu.serve import CpuServer  # noqa: E402
 from runtime.server_api import probe, twin_server_args  # noqa: E402
@@ -37,17 +37,6 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 DEFAULT_WORKLOAD = ("arrival=poisson,rate=1,n=60,prompt=uniform:64:512,output=uniform:16:64,"
                     "templates=4,template_len=256,share=0.5")
 
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            model = next(line.split(":", 1)[1].strip() for line in fh
-                         if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{platform.node()}: {platform.machine()}, {model}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}")
 
 
 def run(spec: str, seed: int, out: Path, sglang_args: list[str]):

@@ -11,6 +11,7 @@ in-sample residuals), `sources` and `date`.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -129,7 +130,5 @@ def machine() -> str:
                          if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    import os
-
     return (f"{platform.node()}: {platform.machine()}, {model}, {os.cpu_count()} cores, "
             f"Python {platform.python_version()}")
