@@ -82,34 +82,9 @@ def simulate_like(workload: Workload, info: dict, profile: dict,
     shifted = replace(workload, requests=tuple(
         replace(r, arrival_s=r.arrival_s + ingress) for r in workload.requests))
     result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU), step_time=step)
-    records = sglang_queue_times(result.records)
-    return [_client_view(rec, ingress, egress) for rec in records], step
-
-
-def sglang_queue_times(records: list[dict]) -> list[dict]:
-    """The twin's records with `queue_s` measured as SGLang measures `queue_time`: from the
-    end of the step that was running when the request arrived (when the scheduler moves it
-    into its waiting queue) to its first prefill, not from its arrival. Step ends are read
-    from the tokens the twin emitted; a chunk step emits none, so behind a long chunked
-    prefill the queue time comes out a little short."""
-    ends = np.unique(np.concatenate([_token_times(r) for r in records] or [np.empty(0)]))
-    out = []
-    for rec in records:
-        rec = dict(rec)
-        if rec["queue_s"] is not None:
-            admit = rec["arrival_s"] + rec["queue_s"]
-            k = int(np.searchsorted(ends, rec["arrival_s"], side="left"))
-            pulled = min(float(ends[k]), admit) if k < len(ends) else admit
-            rec["queue_s"] = round(admit - pulled, 6)
-        out.append(rec)
-    return out
-
-
-def _token_times(rec: dict) -> np.ndarray:
-    if rec["ttft_s"] is None:
-        return np.empty(0)
-    first = rec["arrival_s"] + rec["ttft_s"]
-    return first + np.concatenate([[0.0], np.cumsum(rec["itl_s"] or [])])
+    # the twin's queue_s already starts where SGLang's queue_time does (the scheduler
+    # taking the request in), so records compare as they are
+    return [_client_view(rec, ingress, egress) for rec in result.records], step
 
 
 def _client_view(rec: dict, ingress: float, egress: float) -> dict:
