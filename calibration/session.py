@@ -10,12 +10,13 @@ do not keep. A `Trace` is one request's raw timeline (client clock, seconds).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from runtime.client import HttpStatusError, stream_generate
 from runtime.server_api import ReplayError, flush_cache, probe
 from twin.errors import ServetwinError
 
@@ -125,23 +126,15 @@ async def _one(session: aiohttp.ClientSession, url: str, tr: Trace, ids: list[in
         await asyncio.sleep(delay)
     tr.sent, tr.sent_wall = time.perf_counter(), time.time()
     try:
-        async with session.post(url + "/generate", json=body) as resp:
-            if resp.status != 200:
-                tr.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                return
-            async for line in resp.content:
-                now = time.perf_counter()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
+        async with aclosing(stream_generate(session, url, json=body)) as chunks:
+            async for now, chunk in chunks:
                 if "error" in chunk:
                     tr.error = f"server error: {chunk['error']}"
                     return
                 tr.meta = chunk.get("meta_info") or {}
                 new = int(tr.meta.get("completion_tokens") or 0) - len(tr.token_times)
                 tr.token_times.extend([now] * max(new, 0))
+    except HttpStatusError as exc:
+        tr.error = str(exc)[:320]
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         tr.error = f"{type(exc).__name__}: {exc}"

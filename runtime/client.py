@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,33 @@ from runtime.server_api import ReplayError, ServerFacts, flush_cache, probe, sna
 from runtime.token_ids import SegmentTokens
 from twin.metrics import summarize, write_records
 from twin.workload import Request, Workload
+
+
+class HttpStatusError(Exception):
+    """`/generate` answered with a status other than 200."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text}")
+        self.status, self.text = status, text
+
+
+async def stream_generate(session: aiohttp.ClientSession, url: str, **post: object):
+    """POST a streaming `/generate` request and yield `(arrival time, chunk)` for every
+    `data:` line until `[DONE]` (time from `time.perf_counter()`, taken as the line
+    arrives). Raises `HttpStatusError` for a non-200 answer; a chunk may carry `error`.
+    Use under `contextlib.aclosing` so a caller that stops early closes the response."""
+    async with session.post(url + "/generate", **post) as resp:
+        if resp.status != 200:
+            raise HttpStatusError(resp.status, (await resp.text())[:500])
+        async for line in resp.content:
+            now = time.perf_counter()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return
+            yield now, json.loads(payload)
+
 
 START_LEAD_S = 0.2  # between building the schedule and the first scheduled send
 READ_BUFFER = 1 << 22  # streamed lines carry the cumulative output ids: allow long ones
@@ -258,25 +286,17 @@ class _Run:
 
     async def _stream(self, log: StreamLog, body: bytes) -> None:
         headers = {"Content-Type": "application/json"}
-        async with self.session.post(self.cfg.url + "/generate", data=body,
-                                     headers=headers) as resp:
-            if resp.status != 200:
-                text = (await resp.text())[:500]
-                log.fail("rejected" if resp.status == 400 and "context length" in text
-                         else "failed", f"HTTP {resp.status}: {text}")
-                return
-            async for line in resp.content:
-                now = time.perf_counter()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    log.fail(*_stream_error(chunk["error"]))
-                    break
-                log.on_chunk(now, chunk.get("meta_info") or {})
+        try:
+            async with aclosing(stream_generate(self.session, self.cfg.url, data=body,
+                                                headers=headers)) as chunks:
+                async for now, chunk in chunks:
+                    if "error" in chunk:
+                        log.fail(*_stream_error(chunk["error"]))
+                        break
+                    log.on_chunk(now, chunk.get("meta_info") or {})
+        except HttpStatusError as exc:
+            log.fail("rejected" if exc.status == 400 and "context length" in exc.text
+                     else "failed", str(exc))
 
     async def _check_server(self) -> None:
         """After a connection error: is the server still there? If not, stop sending."""
