@@ -81,6 +81,8 @@ class Replica(KVMemory):
         # with `log_steps`, every step as ("prefill"|"mixed", start, [(rid, extend)], [rids])
         # or ("decode", start, [rids], k steps)
         self.step_log: list[tuple] | None = None
+        self._unplaced: list[SimRequest] = []  # requests this pass admitted but not placed
+        self._placed_any = True  # whether the last prefill pass placed anything
 
     # ---- memory helpers -------------------------------------------------------------
     def room(self) -> int:
@@ -92,8 +94,15 @@ class Replica(KVMemory):
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> Iterator[simpy.Event]:
+        same_t, spins = -1.0, 0
         while True:
             now = self.env.now
+            spins = spins + 1 if now == same_t else 0
+            same_t = now
+            if spins > 100_000:
+                raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes without "
+                                   f"time advancing ({len(self.waiting)} waiting, "
+                                   f"{len(self.running)} running)")
             if self.debug:
                 self.check_integrity()
             self._pull_arrivals(now)
@@ -108,6 +117,8 @@ class Replica(KVMemory):
             batch = self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
+                if not self._placed_any and (self.running or self.shrunk):
+                    yield from self._run_decode()  # none could be placed: decode frees KV
             elif self.running or self.shrunk:
                 yield from self._run_decode()
             else:
@@ -227,6 +238,7 @@ class Replica(KVMemory):
             yield self.env.timeout(stall)
         now = self.env.now
         restored, swap_in_s = [], 0.0
+        self._unplaced = []
         for req, ext in list(batch):
             if req.swapped_tokens:
                 batch.remove((req, ext))
@@ -246,7 +258,10 @@ class Replica(KVMemory):
                 self._abort_prefill(req)
                 continue
             req.private += ext
+        self._placed_any = bool(batch or restored)
         if not batch:
+            if not restored and not self.running and self.chunked is None:
+                self._abort_unplaceable()  # no progress is possible for them
             if swap_in_s:
                 self.counters.stall_s += swap_in_s
                 yield self.env.timeout(swap_in_s)

@@ -154,6 +154,7 @@ class KVMemory:
         n = req.swapped_tokens
         if not self._take_kv(req.index, n) and not self._make_room(req.index, n):
             self.waiting.append(req)  # stays swapped out; tried again in a later pass
+            self._unplaced.append(req)
             return 0.0
         nbytes = n * self.cap.kv_bytes_per_token
         req.private, req.swapped_tokens = n, 0
@@ -209,12 +210,22 @@ class KVMemory:
         self.unlock(req)
         if req is self.chunked:
             self.chunked = None
-        if not self.running and not self.chunked and not (self.tree and self.tree.total_tokens):
-            self._leave(req, "aborted", "the KV allocator cannot place it even in an empty "
-                        f"pool ({self.alloc.name}, {self.alloc.stats().free} tokens free)")
-            return
         self.waiting.insert(0, req)
         self.batch_full = True
+        self._unplaced.append(req)
+
+    def _abort_unplaceable(self) -> None:
+        """A pass placed nothing while nothing else holds KV: the requests it could not
+        place never will be (the cache was evicted for them); they leave with the numbers."""
+        for req in self._unplaced:
+            self.waiting.remove(req)
+            if req.swapped_tokens:
+                self.host_used -= req.swapped_tokens * self.cap.kv_bytes_per_token
+            need = req.swapped_tokens or req.fill_len - req.prefix_len
+            self._leave(req, "aborted", f"the {self.alloc.name} KV allocator cannot place "
+                        f"its {need} tokens even in an otherwise empty pool "
+                        f"({self.alloc.stats().free} of {self.alloc.capacity} tokens free)")
+        self._unplaced = []
 
     def _release_kv(self, r: SimRequest) -> None:
         self.alloc.free(r.index)
