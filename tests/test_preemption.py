@@ -117,3 +117,25 @@ def test_compaction_stalls_for_the_bytes_it_moves():
     assert rep.counters.compaction_s == pytest.approx(2 * moved * KV_BYTES / hbm)
     assert rep.counters.stall_s >= rep.counters.compaction_s
     assert len(rep.finished) == 40 and all(r.status == "ok" for r in rep.finished)
+
+
+def test_unplaceable_admissions_do_not_livelock_the_scheduler():
+    """Regression (found by hypothesis): under priority preemption a buddy pool too
+    fragmented to place the admitted request made every pass admit, fail to place and
+    retry at the same instant. A pass that places nothing now falls through to decode."""
+    from twin.workload import Request
+
+    reqs = (Request(rid='q0', arrival_s=1.1125369292536007e-308, segments=((6000, 114),), output_tokens=32, priority=5, prompt_tokens=114), Request(rid='q1', arrival_s=1.5521256060266917, segments=((5000, 257), (3001, 143), (3002, 257)), output_tokens=1, priority=20, prompt_tokens=657), Request(rid='q2', arrival_s=3.1110276043029392, segments=((1000, 292), (5001, 187)), output_tokens=40, priority=5, prompt_tokens=479), Request(rid='q3', arrival_s=3.6553086724185238, segments=((1000, 33), (4001, 60), (1002, 220), (5003, 154)), output_tokens=16, priority=0, prompt_tokens=467), Request(rid='q4', arrival_s=4.892928617910656, segments=((2000, 178), (4001, 287), (5002, 96)), output_tokens=11, priority=20, prompt_tokens=561), Request(rid='q5', arrival_s=5.92299308081679, segments=((6000, 206),), output_tokens=29, priority=20, prompt_tokens=206), Request(rid='q6', arrival_s=7.7466165109009975, segments=((2000, 232),), output_tokens=35, priority=0, prompt_tokens=232), Request(rid='q7', arrival_s=8.842034162406142, segments=((2000, 200), (5001, 53), (6002, 103)), output_tokens=24, priority=20, prompt_tokens=356), Request(rid='q8', arrival_s=8.842034162406142, segments=((4000, 41),), output_tokens=6, priority=5, prompt_tokens=41), Request(rid='q9', arrival_s=9.334141887407961, segments=((4000, 300), (6001, 19), (5002, 61), (6003, 192)), output_tokens=28, priority=0, prompt_tokens=572), Request(rid='q10', arrival_s=10.244040103496417, segments=((6000, 107), (3001, 188)), output_tokens=13, priority=0, prompt_tokens=295), Request(rid='q11', arrival_s=10.256319085740305, segments=((6000, 226), (6001, 115), (2002, 138), (3003, 129)), output_tokens=31, priority=5, prompt_tokens=608), Request(rid='q12', arrival_s=10.771243781513634, segments=((3000, 269),), output_tokens=38, priority=0, prompt_tokens=269), Request(rid='q13', arrival_s=12.278928231405843, segments=((2000, 38), (4001, 15), (3002, 171), (5003, 52)), output_tokens=40, priority=0, prompt_tokens=276), Request(rid='q14', arrival_s=12.347349530520004, segments=((4000, 5), (2001, 58), (2002, 169), (5003, 223)), output_tokens=2, priority=0, prompt_tokens=455), Request(rid='q15', arrival_s=13.198440340670405, segments=((6000, 172), (4001, 202)), output_tokens=39, priority=20, prompt_tokens=374), Request(rid='q16', arrival_s=13.955090788546043, segments=((3000, 300), (3001, 131)), output_tokens=17, priority=20, prompt_tokens=431), Request(rid='q17', arrival_s=15.047938212061744, segments=((4000, 287), (3001, 107), (1002, 168), (1003, 240)), output_tokens=33, priority=5, prompt_tokens=802), Request(rid='q18', arrival_s=16.045315665547133, segments=((5000, 59), (5001, 62), (1002, 300)), output_tokens=19, priority=0, prompt_tokens=421))
+    cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=919,
+                                    chunked_prefill_size=64, max_running_requests=3,
+                                    enable_mixed_chunk=True, enable_priority_scheduling=True),
+                    gpu=GPU, step_time_backend="roofline", kv_allocator="buddy",
+                    sample_every_s=0.05, debug_checks=True,
+                    buddy_min_block_bytes=8388608, preemption_mode="conservative",
+                    time_slice_ms=5.0, defrag_every=3, defrag_threshold=0.25)
+    env = simpy.Environment()
+    rep, _ = build_replica(env, Workload("t", reqs), cfg)
+    env.process(rep.run())
+    env.run()
+    assert sorted(r.rid for r in rep.finished) == sorted(r.rid for r in reqs)
+    assert all(r.status in ("ok", "aborted") for r in rep.finished)
