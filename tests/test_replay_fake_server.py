@@ -17,7 +17,7 @@ from twin.workload import Request, Workload
 
 pytestmark = pytest.mark.offline
 # Tests of behaviour, not of speed: the machine may be busy (a live server, other jobs).
-LOOSE = 2.0
+LOOSE = 60.0  # these tests check records, not how loaded the machine is
 
 
 class FakeSglang:

@@ -207,7 +207,7 @@ def test_priority_is_sent_when_the_server_schedules_by_it(tmp_path, monkeypatch)
                             "output=fixed:24,tiers=0:0.7/20:0.3", 1)
     with CpuServer(["--enable-priority-scheduling", "--default-priority-value", "0"],
                    log_path=tmp_path / "server.log") as server:
-        result = replay(workload, ReplayConfig(url=server.url, max_lateness_s=1.0))
+        result = replay(workload, ReplayConfig(url=server.url, max_lateness_s=60.0))
     result.check()
     assert result.meta["priority_sent"]
     assert all(r["status"] == "ok" for r in result.records)
@@ -235,7 +235,7 @@ def _replay_process(url: str, out: Path, spec: str) -> subprocess.Popen:
     was started with SIGINT ignored (a background job)."""
     return subprocess.Popen(
         [sys.executable, "-m", "servetwin", "live", "replay", "--url", url, "--workload", spec,
-         "--out", str(out), "--max-lateness-ms", "1000"],
+         "--out", str(out), "--max-lateness-ms", "60000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -245,7 +245,7 @@ def test_replay_a_real_bench_serving_trace(sglang_server, tmp_path, capsys):
     out = tmp_path / "bs"
     code = main(["live", "replay", "--url", sglang_server.url, "--trace", str(trace),
                  "--trace-format", "bench_serving", "--out", str(out),
-                 "--max-lateness-ms", "1000"])
+                 "--max-lateness-ms", "60000"])
     assert code == 0, capsys.readouterr().err
     run = json.loads(trace.read_text().splitlines()[-1])
     recs = sorted(read_records(out / "requests.jsonl"), key=lambda r: int(r["rid"][2:]))
