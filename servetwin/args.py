@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from pathlib import Path
 
 from twin.config import KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULE_POLICIES, ServerArgs
 from twin.hardware import GPUS
@@ -59,3 +60,41 @@ def _base_type(hint: object) -> type:
 
 def server_args_from(ns: argparse.Namespace) -> ServerArgs:
     return ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
+
+
+def add_workload_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """`--workload` or `--trace` with its options: the same flags for every command that
+    runs a workload (simulate, live replay, validate)."""
+    from twin.traces import formats
+    from twin.workload import PRESETS
+
+    w = parser.add_argument_group("workload")
+    tail = f" (default {default} when no --trace)" if default else ""
+    w.add_argument("--workload", default=None,
+                   help=f"a preset ({', '.join(PRESETS)}) or a key=value spec{tail}")
+    w.add_argument("--trace", type=Path, help="a trace file instead of --workload")
+    w.add_argument("--trace-format", choices=formats(), help="format of --trace")
+    w.add_argument("--trace-time-scale", type=float, default=1.0,
+                   help="multiply inter-arrival gaps by F (default 1)")
+    w.add_argument("--trace-offset", type=float, default=0.0,
+                   help="start S seconds into the trace (default 0)")
+    w.add_argument("--trace-limit", type=int, default=None, help="use at most N requests")
+    w.add_argument("--seed", type=int, default=0,
+                   help="workload (and live token-id) seed (default 0)")
+
+
+def workload_from(ns: argparse.Namespace, default: str | None = None):
+    """The workload the `add_workload_args` flags name; `default` when neither is given."""
+    from twin.errors import ConfigError
+    from twin.traces import formats, load_trace
+    from twin.workload import get_workload
+
+    if ns.trace is not None and ns.workload is not None or (
+            ns.trace is None and ns.workload is None and default is None):
+        raise ConfigError("give exactly one of --workload SPEC and --trace FILE")
+    if ns.trace is not None:
+        if not ns.trace_format:
+            raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
+        return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
+                          offset_s=ns.trace_offset, limit=ns.trace_limit)
+    return get_workload(ns.workload or default, ns.seed)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servetwin.args import add_workload_args
 from twin.errors import ConfigError
-from twin.traces import formats
 from twin.workload import SPEC_HELP
 
 
@@ -43,13 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--url", required=True, help="the live server")
     v.add_argument("--calibration", type=Path, required=True, metavar="PROFILE",
                    help="a profile from `servetwin calibrate`")
-    v.add_argument("--workload", help="a workload spec (see below)")
-    v.add_argument("--trace", type=Path, help="a trace file instead of --workload")
-    v.add_argument("--trace-format", choices=formats(), help="format of --trace")
-    v.add_argument("--trace-time-scale", type=float, default=1.0)
-    v.add_argument("--trace-offset", type=float, default=0.0)
-    v.add_argument("--trace-limit", type=int, default=None)
-    v.add_argument("--seed", type=int, default=0, help="workload and token-id seed")
+    add_workload_args(v)
     v.add_argument("--out", type=Path, default=Path("out/validate"),
                    help="output directory (default out/validate)")
     v.add_argument("--force", action="store_true",
@@ -131,7 +125,8 @@ def describe(profile: dict) -> str:
 
 def run_validate(ns: argparse.Namespace) -> int:
     from calibration.validate import format_step_check, validate
-    from servetwin.cmd_live_replay import Progress, workload_from
+    from servetwin.args import workload_from
+    from servetwin.cmd_live_replay import Progress
 
     workload = workload_from(ns)
     progress = Progress(len(workload.requests))

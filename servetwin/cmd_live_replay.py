@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from servetwin.args import add_workload_args, workload_from
 from twin.errors import ConfigError
-from twin.traces import formats, load_trace
-from twin.workload import PRESETS, SPEC_HELP, get_workload
+from twin.workload import SPEC_HELP
 
 
 def register_replay(sub) -> None:
@@ -26,16 +26,7 @@ def register_replay(sub) -> None:
         "answering or the load generator itself is late (records are written anyway).",
         epilog=SPEC_HELP)
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
-    p.add_argument("--workload", help=f"a preset ({', '.join(PRESETS)}) or a key=value spec")
-    p.add_argument("--trace", type=Path, help="a trace file instead of --workload")
-    p.add_argument("--trace-format", choices=formats(), help="format of --trace")
-    p.add_argument("--trace-time-scale", type=float, default=1.0,
-                   help="multiply inter-arrival gaps by F (default 1)")
-    p.add_argument("--trace-offset", type=float, default=0.0,
-                   help="start S seconds into the trace (default 0)")
-    p.add_argument("--trace-limit", type=int, default=None, help="use at most N requests")
-    p.add_argument("--seed", type=int, default=0,
-                   help="workload and token-id seed (default 0)")
+    add_workload_args(p)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--max-lateness-ms", type=float, default=50.0,
                    help="fail when the client's P99 send lateness exceeds this (default 50)")
@@ -47,17 +38,6 @@ def register_replay(sub) -> None:
     p.add_argument("--no-flush-cache", action="store_true",
                    help="keep the server's radix cache (default: flush it before the run)")
     p.set_defaults(func=run_replay)
-
-
-def workload_from(ns: argparse.Namespace):
-    if (ns.trace is None) == (ns.workload is None):
-        raise ConfigError("give exactly one of --workload SPEC and --trace FILE")
-    if ns.trace is not None:
-        if not ns.trace_format:
-            raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
-        return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
-                          offset_s=ns.trace_offset, limit=ns.trace_limit)
-    return get_workload(ns.workload, ns.seed)
 
 
 def run_replay(ns: argparse.Namespace) -> int:

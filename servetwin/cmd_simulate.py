@@ -7,14 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from servetwin.args import add_server_args, server_args_from
+from servetwin.args import add_server_args, add_workload_args, server_args_from, workload_from
 from twin.config import derive_capacity
 from twin.errors import ConfigError, InfeasibleError
 from twin.metrics import SLO, format_summary
 from twin.policy.slices import ScoreWeights
 from twin.sim import SimConfig, simulate
-from twin.traces import formats, load_trace
-from twin.workload import PRESETS, SPEC_HELP, get_workload
+from twin.workload import SPEC_HELP
 
 DEFAULT_WORKLOAD = "finance-qa"
 USERS_MODEL = "deepseek-ai/DeepSeek-V3"
@@ -27,18 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "arguments: the finance-qa workload on 2x A100-80GB PCIe at TP 2.",
         epilog=SPEC_HELP)
     add_server_args(p)
-    w = p.add_argument_group("workload")
-    w.add_argument("--workload", default=None,
-                   help=f"a preset ({', '.join(PRESETS)}) or a key=value spec (default "
-                   f"{DEFAULT_WORKLOAD} when no --trace)")
-    w.add_argument("--trace", type=Path, help="a trace file instead of --workload")
-    w.add_argument("--trace-format", choices=formats(), help="format of --trace")
-    w.add_argument("--trace-time-scale", type=float, default=1.0,
-                   help="multiply inter-arrival gaps by F (default 1)")
-    w.add_argument("--trace-offset", type=float, default=0.0,
-                   help="start S seconds into the trace (default 0)")
-    w.add_argument("--trace-limit", type=int, default=None, help="use at most N requests")
-    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_workload_args(p, DEFAULT_WORKLOAD)
     m = p.add_argument_group("the users' scheduler and memory design (twin-only, not SGLang flags)")
     m.add_argument("--preemption-mode", default="off",
                    choices=["off", "conservative", "moderate", "aggressive"],
@@ -86,17 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, _parser=p)
 
 
-def _workload(ns: argparse.Namespace):
-    if ns.trace is not None:
-        if ns.workload:
-            raise ConfigError("give either --workload or --trace, not both")
-        if not ns.trace_format:
-            raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
-        return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
-                          offset_s=ns.trace_offset, limit=ns.trace_limit)
-    return get_workload(ns.workload or DEFAULT_WORKLOAD, ns.seed)
-
-
 class Progress:
     """A one-line progress bar on stderr, shown once a run passes two seconds."""
 
@@ -136,7 +113,7 @@ def sim_config(ns: argparse.Namespace, args) -> SimConfig:
 
 def run(ns: argparse.Namespace) -> int:
     args = server_args_from(ns)
-    workload = _workload(ns)
+    workload = workload_from(ns, DEFAULT_WORKLOAD)
     cfg = sim_config(ns, args)
     cap = derive_capacity(args, ns.gpu)
     if not ns.json:
