@@ -18,8 +18,7 @@ RECORD_FIELDS = (
     "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "retractions", "preemptions",
     "status", "error",
 )
-# twin-only fields after the shared schema (live records may leave them out)
-EXTRA_FIELDS = ("lost_s", "kv_moved_bytes")
+# The twin's records also carry `lost_s` and `kv_moved_bytes` after these (live ones may not).
 STATUSES = ("ok", "rejected", "aborted", "failed")
 PERCENTILES = (50, 90, 99)
 
@@ -76,12 +75,16 @@ def _token_times(events: list, ends: np.ndarray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _pcts(values: Iterable[float | None]) -> dict[str, float | None]:
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
-    out: dict[str, float | None] = {}
-    for p in PERCENTILES:
-        out[f"p{p}"] = round(float(np.percentile(arr, p)), 6) if arr.size else None
-    out["mean"] = round(float(arr.mean()), 6) if arr.size else None
+def _pcts(values: Iterable[float | None] | np.ndarray) -> dict[str, float | None]:
+    """P50/P90/P99 and mean of the values that are not None (None when there are none)."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(
+        [v for v in values if v is not None], dtype=float)
+    if not arr.size:
+        return {**{f"p{p}": None for p in PERCENTILES}, "mean": None}
+    out: dict[str, float | None] = {f"p{p}": round(float(v), 6) for p, v in
+                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES),
+                                        strict=True)}
+    out["mean"] = round(float(arr.mean()), 6)
     return out
 
 
@@ -129,7 +132,7 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
         },
         "ttft_s": _pcts(r["ttft_s"] for r in ok),
         "tpot_s": _pcts(r["tpot_s"] for r in ok),
-        "itl_s": _pcts_array(itl) if itl.size else _pcts([]),
+        "itl_s": _pcts(itl),
         "e2e_s": _pcts(r["e2e_s"] for r in ok),
         "queue_s": _pcts(r["queue_s"] for r in ok),
         "cached_token_share": round(sum(r["cached_tokens"] for r in ok) / prompt, 6)
@@ -146,13 +149,6 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
             if records else None,
         }
     return summary
-
-
-def _pcts_array(arr: np.ndarray) -> dict[str, float | None]:
-    out: dict[str, float | None] = {f"p{p}": round(float(v), 6) for p, v in
-                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES), strict=True)}
-    out["mean"] = round(float(arr.mean()), 6)
-    return out
 
 
 def write_records(path: Path, records: Sequence[dict]) -> None:
