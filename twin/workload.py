@@ -18,6 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from twin.errors import ConfigError
+from twin.inputs import (
+    COUNT,
+    MAX_REQUESTS,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    NON_NEGATIVE,
+    POSITIVE,
+    PRIORITY,
+    PROBABILITY,
+    SEED,
+    TOKENS,
+    Rule,
+    check,
+)
 
 Segment = tuple[int, int]  # (segment_hash, n_tokens)
 
@@ -50,6 +64,11 @@ class Workload:
     concurrency: int | None = None
     reference: Mapping[str, dict] = field(default_factory=dict)  # measured ttft/itls by rid
     description: str = ""
+    notes: tuple[str, ...] = ()  # what a reader changed on the way in (rows sorted, ...)
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None:  # 0 clients would never send anything
+            check(f"workload {self.name}: concurrency", self.concurrency, COUNT)
 
 
 # ---- length distributions ---------------------------------------------------------------
@@ -60,21 +79,20 @@ class Lengths:
     def __init__(self, spec: str, key: str) -> None:
         self.spec = spec
         kind, *vals = spec.split(":")
-        try:
-            nums = [float(v) for v in vals]
-        except ValueError:
-            raise ConfigError(f"workload key {key}={spec!r}: numbers expected after "
-                              f"'{kind}:'") from None
         arity = {"fixed": 1, "uniform": 2, "lognormal": 2}
-        if kind in arity and len(nums) != arity[kind] or kind == "empirical" and not nums:
-            raise ConfigError(f"workload key {key}={spec!r}: {kind} takes "
-                              f"{arity.get(kind, 'one or more')} value(s)")
         if kind not in (*arity, "empirical"):
             raise ConfigError(f"workload key {key}={spec!r}: distribution must be one of "
                               "fixed, uniform, lognormal, empirical")
-        if any(v <= 0 for v in nums) or kind == "uniform" and nums[0] > nums[1]:
-            raise ConfigError(f"workload key {key}={spec!r}: values must be positive "
-                              "(and A <= B for uniform)")
+        if kind in arity and len(vals) != arity[kind] or kind == "empirical" and not vals:
+            raise ConfigError(f"workload key {key}={spec!r}: {kind} takes "
+                              f"{arity.get(kind, 'one or more')} value(s)")
+        rules = [TOKENS] * len(vals)
+        if kind == "lognormal":  # MEDIAN:SIGMA; a sigma above 5 spans 10^10 in one sd
+            rules = [Rule(lo=1, hi=MAX_TOKENS), Rule(lo=0, hi=5)]
+        nums = [float(check(f"workload key {key}={spec!r}: value", v, r))
+                for v, r in zip(vals, rules, strict=True)]
+        if kind == "uniform" and nums[0] > nums[1]:
+            raise ConfigError(f"workload key {key}={spec!r}: uniform needs A <= B")
         self.kind, self.nums = kind, nums
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -87,7 +105,7 @@ class Lengths:
             out = np.rint(v[0] * np.exp(v[1] * rng.standard_normal(n)))
         else:
             out = rng.choice(np.asarray(v), size=n)
-        return np.maximum(out, 1).astype(np.int64)
+        return np.clip(out, 1, MAX_TOKENS).astype(np.int64)
 
 
 # ---- arrival processes ------------------------------------------------------------------
@@ -106,9 +124,9 @@ def ramp_arrivals(rng: np.random.Generator, peak: float, fractions: list[float],
     """A stepped load ramp: Poisson at each fraction of the peak rate for `step_s` each."""
     times: list[float] = []
     for i, frac in enumerate(fractions):
-        t, end = i * step_s, (i + 1) * step_s
-        while True:
-            t += rng.exponential(1.0 / (peak * frac))
+        t, end, lam = i * step_s, (i + 1) * step_s, peak * frac
+        while lam > 0:  # a step at fraction 0 is idle
+            t += rng.exponential(1.0 / lam)
             if t >= end:
                 break
             times.append(t)
@@ -135,6 +153,18 @@ SPEC_KEYS: dict[str, str] = {
 SPEC_HELP = "workload spec keys: " + "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS.items())
 
 
+# Keys that mean something only for some arrival processes; any other is refused, so
+# that a key with no effect (`rate=` on a closed loop) is never silently ignored.
+ARRIVAL_KEYS = {
+    "poisson": ("rate", "n"),
+    "gamma": ("rate", "cv", "n"),
+    "closed": ("concurrency", "n"),
+    "ramp": ("rate", "steps", "step_s"),
+}
+COMMON_KEYS = ("arrival", "prompt", "output", "templates", "template_len", "share",
+               "system_prompt", "tiers")
+
+
 def parse_spec(spec: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -142,30 +172,42 @@ def parse_spec(spec: str) -> dict[str, str]:
         if not sep or key not in SPEC_KEYS:
             raise ConfigError(f"workload spec {spec!r}: bad item {part!r}; known keys: "
                               f"{', '.join(SPEC_KEYS)}")
-        out[key] = value
+        if key in out:
+            raise ConfigError(f"workload spec {spec!r}: key {key!r} given twice")
+        out[key] = value.strip()
+    arrival = out.get("arrival", "poisson")
+    if arrival not in ARRIVAL_KEYS:
+        raise ConfigError(f"workload key arrival={arrival!r}: allowed values: "
+                          f"{', '.join(ARRIVAL_KEYS)}")
+    unused = [k for k in out if k not in (*COMMON_KEYS, *ARRIVAL_KEYS[arrival])]
+    if unused:
+        raise ConfigError(f"workload spec {spec!r}: {', '.join(unused)} has no effect with "
+                          f"arrival={arrival} (it takes {', '.join(ARRIVAL_KEYS[arrival])})")
     return out
 
 
-def _num(opts: dict[str, str], key: str, default: float, *, positive: bool = True) -> float:
+def _num(opts: dict[str, str], key: str, default: float, rule: Rule = POSITIVE) -> float:
+    value = opts.get(key, default)
     try:
-        value = float(opts.get(key, default))
+        return rule.parse(value)
     except ValueError:
-        raise ConfigError(f"workload key {key}={opts[key]!r}: a number expected") from None
-    if positive and value <= 0:
-        raise ConfigError(f"workload key {key}={value:g}: must be > 0")
-    return value
+        raise ConfigError(f"workload key {key}={value}: must be {rule.describe()}") from None
 
 
 def _tiers(spec: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        pairs = [p.split(":") for p in spec.split("/")]
-        prio = np.array([int(a) for a, _ in pairs])
-        weight = np.array([float(b) for _, b in pairs])
-    except ValueError:
-        raise ConfigError(f"workload key tiers={spec!r}: expected PRIORITY:WEIGHT/...") from None
-    if (weight < 0).any() or weight.sum() <= 0:
-        raise ConfigError(f"workload key tiers={spec!r}: weights must be >= 0, not all 0")
+    pairs = [p.split(":") for p in spec.split("/")]
+    if any(len(p) != 2 for p in pairs):
+        raise ConfigError(f"workload key tiers={spec!r}: expected PRIORITY:WEIGHT/...")
+    label = f"workload key tiers={spec!r}:"
+    prio = np.array([check(f"{label} priority", a, PRIORITY) for a, _ in pairs], dtype=np.int64)
+    weight = np.array([check(f"{label} weight", b, NON_NEGATIVE) for _, b in pairs], dtype=float)
+    if weight.sum() <= 0:
+        raise ConfigError(f"{label} weights must not all be 0")
     return prio, weight / weight.sum()
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(check("--seed", seed, SEED))
 
 
 class SegmentIds:
@@ -184,30 +226,15 @@ class SegmentIds:
 def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
     """Build a workload from a `key=value,...` spec (see `SPEC_HELP`)."""
     opts = parse_spec(spec)
-    rng = np.random.default_rng(seed)
-    arrival = opts.get("arrival", "poisson")
-    n = int(_num(opts, "n", 100))
-    concurrency = None
-    if arrival == "poisson":
-        times = poisson_arrivals(rng, n, _num(opts, "rate", 1.0))
-    elif arrival == "gamma":
-        times = gamma_arrivals(rng, n, _num(opts, "rate", 1.0), _num(opts, "cv", 2.0))
-    elif arrival == "closed":
-        concurrency = int(_num(opts, "concurrency", 8))
-        times = np.zeros(n)
-    elif arrival == "ramp":
-        fractions = [float(x) for x in opts.get("steps", "0.25:0.5:1:1.5:2").split(":")]
-        times = ramp_arrivals(rng, _num(opts, "rate", 1.0), fractions, _num(opts, "step_s", 60))
-        n = len(times)
-    else:
-        raise ConfigError(f"workload key arrival={arrival!r}: allowed values: poisson, gamma, "
-                          "closed, ramp")
+    rng = _rng(seed)
+    times, concurrency = _arrivals(opts, rng)
+    n = len(times)
     prompts = Lengths(opts.get("prompt", "uniform:1000:4000"), "prompt").sample(rng, n)
     outputs = Lengths(opts.get("output", "uniform:100:500"), "output").sample(rng, n)
-    k = int(_num(opts, "templates", 0, positive=False))
-    tlen = int(_num(opts, "template_len", 512))
-    share = _num(opts, "share", 0.5, positive=False)
-    system = int(_num(opts, "system_prompt", 0, positive=False))
+    k = int(_num(opts, "templates", 0, Rule(integer=True, lo=0, hi=1_000_000)))
+    tlen = int(_num(opts, "template_len", 512, TOKENS))
+    share = _num(opts, "share", 0.5, PROBABILITY)
+    system = int(_num(opts, "system_prompt", 0, Rule(integer=True, lo=0, hi=MAX_TOKENS)))
     prio, weight = _tiers(opts.get("tiers", "0:1"))
     uses_template = rng.random(n) < share if k else np.zeros(n, dtype=bool)
     template = rng.integers(0, max(k, 1), size=n)
@@ -225,6 +252,37 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
     return Workload(name or spec, tuple(requests), concurrency, description=spec)
 
 
+def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
+    """Arrival times (and the client count of a closed loop) for a parsed spec."""
+    arrival = opts.get("arrival", "poisson")
+    if arrival == "ramp":
+        steps = opts.get("steps", "0.25:0.5:1:1.5:2")
+        fractions = [check(f"workload key steps={steps!r}: fraction", x, NON_NEGATIVE)
+                     for x in steps.split(":")]
+        rate, step_s = _num(opts, "rate", 1.0), _num(opts, "step_s", 60)
+        expected = rate * step_s * sum(fractions)
+        if not 0 < expected <= MAX_REQUESTS or step_s * len(fractions) > MAX_TIME_S:
+            raise ConfigError(f"workload ramp rate={rate:g}, steps={steps}, "
+                              f"step_s={step_s:g}: expects {expected:.3g} requests over "
+                              f"{step_s * len(fractions):.3g} s; allowed: more than 0 and at "
+                              f"most {MAX_REQUESTS} requests, at most {MAX_TIME_S:g} s")
+        times = ramp_arrivals(rng, rate, fractions, step_s)
+        if not len(times):
+            raise ConfigError(f"workload ramp rate={rate:g}, step_s={step_s:g}: the draw gave "
+                              "no request; raise the rate or the step length")
+        return times, None
+    n = int(_num(opts, "n", 100, Rule(integer=True, lo=1, hi=MAX_REQUESTS)))
+    if arrival == "closed":
+        return np.zeros(n), int(_num(opts, "concurrency", 8, COUNT))
+    rate = _num(opts, "rate", 1.0)
+    if n / rate > MAX_TIME_S:
+        raise ConfigError(f"workload key rate={rate:g}: {n} requests would span about "
+                          f"{n / rate:.3g} s; at most {MAX_TIME_S:g} s")
+    if arrival == "gamma":
+        return gamma_arrivals(rng, n, rate, _num(opts, "cv", 2.0, Rule(lo=0.01, hi=100))), None
+    return poisson_arrivals(rng, n, rate), None
+
+
 # ---- presets ----------------------------------------------------------------------------
 def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
     """The users' financial knowledge-base QA mix (docs/workloads.md gives the reasons):
@@ -240,7 +298,7 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
     - VIP tiers: priority 0 (80%), 10 (15%), 20 (5%; preempts tier 0 under SGLang's default
       threshold of 10 when priority scheduling is on).
     """
-    rng = np.random.default_rng(seed)
+    rng = _rng(seed)
     ids = SegmentIds()
     kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
     tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
