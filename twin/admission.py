@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from twin import config as C
+from twin.policy import reservation
 from twin.request_state import SimRequest
 
 if TYPE_CHECKING:
@@ -21,15 +22,18 @@ class Adder:
     def __init__(self, rep: Replica, mixed_bs: int) -> None:
         self.rep = rep
         cap = rep.cap
-        ratio = rep.new_token_ratio
-        self.total_offset = mixed_bs + sum(
-            min(r.remaining, C.CLIP_MAX_NEW_TOKENS) * ratio for r in rep.running)
+        self.ratio = rep.new_token_ratio
+        self.total_offset = mixed_bs + sum(self.reserved(r) for r in rep.running)
         self.cur_offset = mixed_bs
         self.rem_input = cap.max_prefill_tokens - mixed_bs
         chunk = cap.chunked_prefill_size
         self.rem_chunk = None if chunk is None else chunk - mixed_bs
         self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
         self.new_chunked: SimRequest | None = None
+
+    def reserved(self, r: SimRequest) -> float:
+        """A running request's future tokens (SGLang's rule, shared with the plugin)."""
+        return reservation(r.max_new_tokens, r.generated_tokens, r.ignore_eos, self.ratio)
 
     def room(self) -> int:
         return self.rep.room()

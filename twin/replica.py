@@ -22,13 +22,15 @@ import simpy
 from twin import config as C
 from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.config import Capacity, ServerArgs
+from twin.decider import Decider, PolicyDecider
 from twin.memory import KVAllocator, TokenPool
 from twin.perf import StepTimeModel
-from twin.policy import Policy, Snapshot
+from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
 from twin.source import Source
+from twin.views import view
 
 __all__ = ["Counters", "DefragConfig", "Replica", "SwapConfig"]
 
@@ -41,9 +43,11 @@ class Replica(KVMemory):
                  step_time: StepTimeModel, policy: Policy, source: Source,
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
                  sample_every_s: float = 1.0, debug_checks: bool = False,
-                 swap: SwapConfig | None = None, defrag: DefragConfig | None = None) -> None:
+                 swap: SwapConfig | None = None, defrag: DefragConfig | None = None,
+                 decider: Decider | None = None) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.source = policy, source
+        self.decider = decider or PolicyDecider(policy)
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
         self.tree = None if args.disable_radix_cache else RadixCache(
             on_evict=lambda node: self.alloc.free(-node.nid))
@@ -58,6 +62,8 @@ class Replica(KVMemory):
         self.shrunk = False  # the running batch lost requests since the last decode pass
         self.preempt = args.enable_priority_scheduling or policy.preempts
         self.slice_s = policy.time_slice_s
+        # an outside decider sees every order question; a policy only real choices
+        self.decider_takes_all = not isinstance(self.decider, PolicyDecider)
         self.swap = swap or SwapConfig()
         self.defrag = defrag or DefragConfig()
         self._since_defrag = 0
@@ -114,7 +120,7 @@ class Replica(KVMemory):
                 self.counters.stall_s += stall
                 yield self.env.timeout(stall)
                 continue
-            batch = self._schedule_prefill(now)
+            batch = yield from self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
                 if not self._placed_any and (self.running or self.shrunk):
@@ -139,6 +145,7 @@ class Replica(KVMemory):
         for sent, req in self.source.pop_ready(now):
             r = SimRequest(req, sent, self._n_seen)
             r.queue_entry_s = r.entered_s = now  # SGLang's wait_queue_entry_time
+            r.arrival_work = self.counters.prefill_tokens  # arrival_processed_tokens
             self._n_seen += 1
             if not self._validate(r):
                 continue
@@ -162,29 +169,43 @@ class Replica(KVMemory):
         return True
 
     # ---- prefill ----------------------------------------------------------------------
-    def _schedule_prefill(self, now: float) -> list[tuple[SimRequest, int]] | None:
+    def _schedule_prefill(self, now: float) -> Iterator[simpy.Event]:
+        """One pass of SGLang's `get_new_batch_prefill`; returns the batch (or None).
+        A generator: each decision comes from the decider, which may answer later."""
+        if self.preempt:
+            self.batch_full = False  # SGLang resets it to try preemption each pass
         if self.chunked is not None:
             self.batch_full = False  # SGLang frees the chunked request's slot each pass
-        elif not self.waiting or (self.batch_full and not self.preempt):
+        elif not self.waiting or self.batch_full:
             return None
         running_bs = len(self.running)
         if running_bs >= self.cap.max_running_requests and self.chunked is None \
                 and not self.preempt:
             self.batch_full = True
             return None
-        self._order_waiting(now)
+        yield from self._order_waiting(now)
         mixed = running_bs if (self.args.enable_mixed_chunk and self.running) else 0
         adder = Adder(self, mixed)
         if self.chunked is not None:
             self.chunked = adder.add_chunked(self.chunked)
-        for req in list(self.waiting):
+        for i, req in enumerate(list(self.waiting)):
             if len(adder.can_run) + len(self.running) >= self.cap.max_running_requests:
                 self.batch_full = True
-            if self.batch_full and not (self.preempt and self._try_preempt(req, adder)):
-                break
+            if self.batch_full:
+                if not self.preempt:
+                    break
+                ok = yield from self._try_preempt(i, req, adder)
+                if not ok:
+                    break
             if not self.policy.wants_prefix_match(len(self.waiting)):
                 self._match(req)
             res = adder.add_one(req)
+            if res == NO_TOKEN and self.policy.preempts_for_kv and self.running and not (
+                    adder.can_run and adder.can_run[-1][0] is req):
+                # the users' design: preempt for KV as well as for request slots
+                ok = yield from self._try_preempt(i, req, adder)
+                if ok:
+                    res = adder.add_one(req)
             if res != CONTINUE:
                 if res == NO_TOKEN:
                     self.batch_full = True
@@ -197,38 +218,50 @@ class Replica(KVMemory):
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
         return adder.can_run
 
-    def _order_waiting(self, now: float) -> None:
+    def snapshot(self, now: float, candidate: int | None = None,
+                 tokens_needed: float = 0.0) -> Snapshot:
+        """The frozen view of this server a decision is made from."""
+        ratio = self.new_token_ratio
+        return Snapshot(
+            now=now, waiting=tuple(view(r, ratio, False) for r in self.waiting),
+            running=tuple(view(r, ratio, True) for r in self.running),
+            kv_free=self.alloc.available(), kv_evictable=self.evictable(),
+            kv_capacity=self.cap.max_total_num_tokens, new_token_ratio=ratio,
+            max_running_requests=self.cap.max_running_requests,
+            processed_tokens=self.counters.prefill_tokens, candidate=candidate,
+            tokens_needed=tokens_needed)
+
+    def _decide(self, snap: Snapshot) -> Iterator[simpy.Event]:
+        ans = self.decider.ask(snap)
+        if isinstance(ans, Plan):
+            return ans
+        plan = yield ans
+        return plan
+
+    def _order_waiting(self, now: float) -> Iterator[simpy.Event]:
         if self.policy.wants_prefix_match(len(self.waiting)):
             for r in self.waiting:
                 self._match(r)
-        snap = Snapshot(now, self.waiting, self.running, self.alloc.available(),
-                        self.cap.max_total_num_tokens)
-        order = self.policy.order(snap)
-        self.waiting = [self.waiting[i] for i in order]
+        if len(self.waiting) < 2 and not self.decider_takes_all:
+            return
+        plan = yield from self._decide(self.snapshot(now))
+        self.waiting = [self.waiting[i] for i in plan.order]
 
-    def _try_preempt(self, req: SimRequest, adder: Adder) -> bool:
-        """Priority preemption (`PrefillAdder.preempt_to_schedule`), decided by the policy."""
+    def _try_preempt(self, i: int, req: SimRequest, adder: Adder) -> Iterator[simpy.Event]:
+        """Priority preemption (`PrefillAdder.preempt_to_schedule`): the decider names the
+        victims; they leave the batch with their reservations credited to the budget."""
         self._match(req)
-        need_slot = len(adder.can_run) + len(self.running) >= self.cap.max_running_requests
-        needed = (req.fill_len - req.prefix_len + min(req.remaining, C.CLIP_MAX_NEW_TOKENS)
+        needed = (req.fill_len - req.prefix_len + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
                   - adder.rem_total())
-        if needed <= 0 and not need_slot:
-            self.batch_full = False
-            return True
-        for r in self.running:
-            r.tokens_held = r.private + int(min(r.remaining, C.CLIP_MAX_NEW_TOKENS)
-                                            * self.new_token_ratio)
-        snap = Snapshot(self.env.now, self.waiting, self.running, self.alloc.available(),
-                        self.cap.max_total_num_tokens)
-        victims = self.policy.victims(snap, req, max(math.ceil(needed), 1))
-        if not victims:
+        if not self.running:
             return False
-        for i in sorted(victims, reverse=True):
-            victim = self.running.pop(i)
-            adder.total_offset -= min(victim.remaining, C.CLIP_MAX_NEW_TOKENS) * \
-                self.new_token_ratio
+        plan = yield from self._decide(self.snapshot(self.env.now, i, needed))
+        if not plan.victims:
+            return False
+        for j in sorted(plan.victims, reverse=True):
+            victim = self.running.pop(j)
+            adder.total_offset -= adder.reserved(victim)
             self._release_to_queue(victim, preempted=True)
-        self.batch_full = False
         return True
 
     def _run_prefill(self, batch: list[tuple[SimRequest, int]]) -> Iterator[simpy.Event]:
@@ -447,6 +480,7 @@ class Replica(KVMemory):
         r.round_start_s = None
         r.left_batch_s = self.env.now
         r.queue_entry_s = self.env.now
+        r.arrival_work = self.counters.prefill_tokens
         if preempted:
             r.preemptions += 1
             self.counters.preemptions += 1

@@ -1,18 +1,20 @@
 """A request's state inside the simulated server (the twin's counterpart of SGLang's `Req`).
 
-It exposes the `twin.policy.RequestView` attributes so policies read it directly.
+Policies never see it: `twin.views` builds a frozen `RequestView` from it for each decision.
 """
 
 from __future__ import annotations
 
 from twin.prefix import Node
+from twin.views import head_key
 from twin.workload import Request
 
 
 class SimRequest:
     __slots__ = (
         "req", "rid", "priority", "arrival_s", "queue_entry_s", "prompt_tokens",
-        "max_new_tokens", "generated_tokens", "prefix_len", "tokens_held", "index",
+        "max_new_tokens", "generated_tokens", "prefix_len", "index", "ignore_eos", "arrival_work",
+        "head",
         "cached_tokens", "retractions", "preemptions", "status", "error",
         "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
         "node", "computed", "private", "matched_node", "round_start_s", "swapped_tokens",
@@ -30,7 +32,9 @@ class SimRequest:
         self.max_new_tokens = req.output_tokens
         self.generated_tokens = 0
         self.prefix_len = 0
-        self.tokens_held = 0
+        self.ignore_eos = False  # TEMP the twin's output lengths are fixed, as replays send them
+        self.arrival_work = 0  # prefill tokens processed when it (re-)entered the queue
+        self.head = head_key(req.segments)
         self.index = index
         self.cached_tokens = 0
         self.retractions = 0

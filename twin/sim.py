@@ -118,8 +118,9 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
 
 def build_policy(cfg: SimConfig) -> Policy:
     if cfg.preemption_mode != "off":
-        return SlicePolicy(cfg.preemption_mode, cfg.time_slice_ms / 1000,
-                           cfg.priority_weights, cfg.preemption_threshold)
+        return SlicePolicy(mode=cfg.preemption_mode, time_slice_ms=cfg.time_slice_ms,
+                           weights=cfg.priority_weights,
+                           score_threshold=cfg.preemption_threshold)
     return make_policy(cfg.args.schedule_policy,
                        priority_scheduling=cfg.args.enable_priority_scheduling,
                        low_values_first=cfg.args.schedule_low_priority_values_first,

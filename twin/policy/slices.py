@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.policy import Policy, RequestView, Snapshot, register
+from twin.policy.base import Policy, RequestView, Snapshot
+from twin.policy.registry import register
 
 MODES = ("conservative", "moderate", "aggressive")
 
@@ -45,18 +46,30 @@ class ScoreWeights:
 
 @register
 class SlicePolicy(Policy):
-    name = "slices"
+    """The users' scheduler (module docstring). Spec params: `mode`, `time_slice_ms`,
+    `weights` ([tier, wait, speed]), `score_threshold`."""
 
-    def __init__(self, mode: str = "moderate", time_slice_s: float = 0.05,
-                 weights: ScoreWeights | None = None, threshold: float = 10.0,
-                 **_: object) -> None:
+    name = "slices"
+    preempts_for_kv = True
+
+    def __init__(self, *, mode: str = "moderate", time_slice_ms: float = 50.0,
+                 weights: list | None = None, score_threshold: float = 10.0) -> None:
         if mode not in MODES:
             raise ValueError(f"preemption mode {mode!r}: allowed values: {', '.join(MODES)}")
+        if not time_slice_ms > 0:
+            raise ValueError(f"time_slice_ms {time_slice_ms}: must be > 0")
         super().__init__(priority_scheduling=False)
         self.mode = mode
-        self.time_slice_s = time_slice_s
-        self.w = weights or ScoreWeights()
-        self.score_threshold = threshold
+        self.time_slice_s = time_slice_ms / 1000
+        if weights is None:
+            self.w = ScoreWeights()
+        elif isinstance(weights, ScoreWeights):
+            self.w = weights
+        elif len(weights) == 3:
+            self.w = ScoreWeights(*(float(x) for x in weights))
+        else:
+            raise ValueError(f"weights {weights!r}: expected [tier, wait, speed]")
+        self.score_threshold = score_threshold
 
     @property
     def preempts(self) -> bool:
@@ -74,22 +87,22 @@ class SlicePolicy(Policy):
         scores = [self.score(r, now) for r in w]
         return sorted(range(len(w)), key=lambda i: (-scores[i], w[i].queue_entry_s))
 
-    def victims(self, snap: Snapshot, candidate: RequestView, tokens_needed: int) -> list[int]:
-        if self.mode == "conservative":
+    def victims(self, snap: Snapshot) -> list[int]:
+        if self.mode == "conservative" or snap.candidate is None:
             return []
         now, r = snap.now, snap.running
-        cand = self.score(candidate, now)
+        cand = self.score(snap.waiting[snap.candidate], now)
         scores = [self.score(x, now) for x in r]
         gap = self.score_threshold if self.mode == "moderate" else 0.0
-        chosen, need = [], tokens_needed
+        chosen, need = [], snap.tokens_needed
         for i in sorted(range(len(r)), key=lambda i: (scores[i], -r[i].queue_entry_s)):
-            if need <= 0:
-                break
             if cand - scores[i] <= gap:
                 break  # sorted ascending: nobody further qualifies
             if self.mode == "moderate" and (r[i].round_start_s is None or
                                             now - r[i].round_start_s < self.time_slice_s):
                 continue
             chosen.append(i)
-            need -= r[i].tokens_held
+            need -= r[i].reserved_tokens
+            if need <= 0:
+                break
         return chosen if chosen and need <= 0 else []

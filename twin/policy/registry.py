@@ -1,0 +1,199 @@
+"""One registry of policy names and the spec loader.
+
+A policy is built from a spec, never from pickle: a registered name (`fcfs`, `slices`, ...)
+or a JSON/YAML file `{"name": ..., "params": {...}}`. Parameters are the keyword arguments
+of the policy's `__init__`; unknown keys and wrong types are refused with the allowed ones.
+A learned policy names its weight file (safetensors or JSON) in its params. Modules that
+define policies register them when the registry is first asked (no import-time side
+effects on `import twin.policy`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_MODULES = ("twin.policy.sglang", "twin.policy.slices", "twin.policy.learned")
+_REGISTRY: dict[str, type] = {}
+_loaded = False
+
+
+class PolicyError(ValueError):
+    """A bad policy name, spec file or parameter; the message says what is allowed."""
+
+
+def register(cls: type) -> type:
+    if cls.name in _REGISTRY:
+        raise ValueError(f"policy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for m in _MODULES:
+            importlib.import_module(m)
+
+
+def policy_names() -> list[str]:
+    _load()
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type:
+    _load()
+    if name not in _REGISTRY:
+        raise PolicyError(f"policy {name!r}: allowed values: {', '.join(policy_names())}")
+    return _REGISTRY[name]
+
+
+def policy_params(name: str) -> dict[str, Any]:
+    """The parameters a policy takes, with their defaults."""
+    cls = policy_class(name)
+    out: dict[str, Any] = {}
+    for klass in cls.__mro__:  # an __init__ that passes **kw on takes its base's too
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        for p in params:
+            if p.kind is p.KEYWORD_ONLY:
+                out.setdefault(p.name, p.default)
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # the file it came from ("" for a bare name)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "params": dict(self.params)}
+
+
+def read_spec(text: str) -> PolicySpec:
+    """`NAME` or a path to a `.json`/`.yaml`/`.yml` spec file."""
+    p = Path(text)
+    if p.suffix.lower() in (".json", ".yaml", ".yml"):
+        return read_spec_file(p)
+    policy_class(text)
+    return PolicySpec(text)
+
+
+def read_spec_file(path: Path) -> PolicySpec:
+    try:
+        raw = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise PolicyError(f"policy spec {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"policy spec {path}: cannot read: {exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise PolicyError(f"policy spec {path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise PolicyError(f"policy spec {path}: YAML needs PyYAML (pip install pyyaml)") \
+                from None
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"policy spec {path}: not YAML: {exc}") from None
+    return spec_from_dict(data, str(path))
+
+
+def spec_from_dict(data: Any, where: str = "policy spec") -> PolicySpec:
+    if not isinstance(data, dict):
+        raise PolicyError(f"{where}: expected an object with 'name' and 'params'")
+    unknown = set(data) - {"name", "params"}
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"allowed: name, params")
+    name = data.get("name")
+    if not isinstance(name, str):
+        raise PolicyError(f"{where}: field 'name': expected a policy name, one of "
+                          f"{', '.join(policy_names())}")
+    params = data.get("params", {}) or {}
+    if not isinstance(params, dict):
+        raise PolicyError(f"{where}: field 'params': expected an object")
+    try:
+        policy_class(name)
+    except PolicyError as exc:
+        raise PolicyError(f"{where}: field 'name': {exc}") from None
+    check_params(name, params, where)
+    return PolicySpec(name, dict(params), where)
+
+
+def check_params(name: str, params: dict, where: str) -> None:
+    allowed = policy_params(name)
+    for key, value in params.items():
+        if key not in allowed:
+            raise PolicyError(f"{where}: policy {name!r} has no parameter {key!r}; "
+                              f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
+        default = allowed[key]
+        if not _type_ok(value, default):
+            raise PolicyError(f"{where}: params.{key} = {value!r}: expected "
+                              f"{_type_name(default)}")
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if default is None:
+        return value is None or isinstance(value, str | int | float | list)
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value))
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, list | tuple):
+        return isinstance(value, list | tuple)
+    return True
+
+
+def _type_name(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a finite number"
+    if isinstance(default, str):
+        return "a string"
+    if isinstance(default, list | tuple):
+        return "a list"
+    return "a value"
+
+
+def build_policy(spec: PolicySpec | str, **server: Any):
+    """Build a policy. `server` holds what the server arguments decide
+    (`priority_scheduling`, `low_values_first`, `preemption_threshold`); the spec's own
+    params win over them."""
+    if isinstance(spec, str):
+        spec = read_spec(spec)
+    cls = policy_class(spec.name)
+    allowed = policy_params(spec.name)
+    kw = {k: v for k, v in server.items() if k in allowed}
+    kw.update(spec.params)
+    weights = kw.get("weights")
+    if isinstance(weights, str) and spec.source and not Path(weights).is_absolute():
+        kw["weights"] = str(Path(spec.source).parent / weights)  # relative to the spec
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"{spec.source or 'policy'} {spec.name!r}: {exc}") from None

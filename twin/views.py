@@ -1,0 +1,47 @@
+"""The twin's adapter from `SimRequest` to the policy's frozen `RequestView` (the runtime
+plugin has the same adapter for SGLang's `Req`). Views are built fresh for each decision;
+nothing is written onto a request for the policy to read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twin.policy import RequestView, reservation
+from twin.policy.base import IN_BATCH_CHECK_THRESHOLD
+
+if TYPE_CHECKING:
+    from twin.request_state import SimRequest
+
+
+def head_key(segments: tuple[tuple[int, int], ...]) -> int | None:
+    """An id of a prompt's first 32 tokens, from its segments (equal segments are equal
+    tokens; the live replayer generates a segment's tokens from its hash)."""
+    need, key = IN_BATCH_CHECK_THRESHOLD, []
+    for h, n in segments:
+        take = min(n, need)
+        key.append((h, take))
+        need -= take
+        if need == 0:
+            return hash(tuple(key))
+    return None
+
+
+def prefix_path(node) -> tuple[int, ...]:
+    path = []
+    while node is not None and node.parent is not None:
+        path.append(node.nid)
+        node = node.parent
+    return tuple(reversed(path))
+
+
+def view(r: SimRequest, ratio: float, running: bool) -> RequestView:
+    return RequestView(
+        rid=r.rid, priority=r.priority, arrival_s=r.arrival_s, queue_entry_s=r.queue_entry_s,
+        prompt_tokens=r.prompt_tokens, prefix_len=r.prefix_len,
+        max_new_tokens=r.max_new_tokens, generated_tokens=r.generated_tokens,
+        ignore_eos=r.ignore_eos,
+        reserved_tokens=reservation(r.max_new_tokens, r.generated_tokens, r.ignore_eos, ratio)
+        if running else 0.0,
+        first_token_s=r.first_token_s, round_start_s=r.round_start_s if running else None,
+        arrival_work=r.arrival_work, head=r.head if r.generated_tokens == 0 else None,
+        prefix_path=prefix_path(r.matched_node) if not running else ())
