@@ -11,6 +11,12 @@ import sys
 
 from servetwin.cli import UserError
 from servetwin.cmd_live_launch import register_command
+from servetwin.cmd_live_plugin import (
+    add_plugin_args,
+    plugin_env_from,
+    register_decisions,
+    require_plugin,
+)
 from servetwin.cmd_live_replay import register_compare, register_replay
 
 
@@ -60,7 +66,9 @@ def register_install_cpu(sub) -> None:
         "install-cpu",
         help="install SGLang 0.5.23 for CPU into an isolated venv (idempotent)",
         description="Install SGLang 0.5.23 with a CPU torch into an isolated venv, with the "
-        "import shims and a tiny dummy-weight model. Re-running is a no-op once complete.",
+        "import shims and a tiny dummy-weight model, and servetwin itself (editable, "
+        "`pip install --no-deps -e`) so SGLang finds servetwin's plugin. Re-running is a "
+        "no-op once complete.",
     )
     parser.add_argument(
         "--prefix",
@@ -71,10 +79,11 @@ def register_install_cpu(sub) -> None:
 
 
 def run_install_cpu(args: argparse.Namespace) -> int:
-    from runtime.cpu.install import HarnessError, install
+    from runtime.cpu.install import HarnessError, ensure_plugin, install
 
     try:
-        install(args.prefix, log=lambda line: print(line, flush=True))
+        harness = install(args.prefix, log=lambda line: print(line, flush=True))
+        ensure_plugin(harness, log=lambda line: print(line, flush=True))
     except HarnessError as exc:
         raise UserError(str(exc)) from exc
     return 0
@@ -88,9 +97,13 @@ def register_serve_cpu(sub) -> None:
         "harness, in the foreground; Ctrl-C stops it and its children. Every other "
         "argument is passed to `sglang.launch_server` and overrides the harness's own, "
         "e.g. `servetwin live serve-cpu --port 30000`; all arguments after `--` are "
-        "passed, even `--prefix`.",
-        usage="servetwin live serve-cpu [--prefix DIR] [--start-timeout S] [SGLang args ...]",
+        "passed, even `--prefix`. With --policy, servetwin's SGLang plugin runs that policy "
+        "inside the server's scheduler (install-cpu installs the plugin into the harness; "
+        "in any other SGLang 0.5.23 env, `pip install servetwin` does).",
+        usage="servetwin live serve-cpu [--prefix DIR] [--start-timeout S] [--policy SPEC] "
+        "[--decision-log F] [SGLang args ...]",
     )
+    add_plugin_args(parser)
     parser.add_argument(
         "--prefix", metavar="DIR", help="the harness venv (default as for install-cpu)"
     )
@@ -110,9 +123,15 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
     from runtime.cpu.serve import CpuServer
 
     try:
-        server = CpuServer(args.sglang_args, prefix=args.prefix, start_timeout=args.start_timeout)
+        server = CpuServer(args.sglang_args, prefix=args.prefix, start_timeout=args.start_timeout,
+                           env=plugin_env_from(args))
+        if args.policy:
+            require_plugin(server.harness)
     except HarnessError as exc:
         raise UserError(str(exc)) from exc
+    if args.policy:
+        print(f"policy {args.policy} through servetwin's plugin"
+              + (f"; decision log {args.decision_log}" if args.decision_log else ""), flush=True)
     print(f"starting SGLang on {server.url} (log {server.log_path})", flush=True)
     try:
         server.start()
@@ -131,4 +150,4 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
 
 
 LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare,
-                    register_command]
+                    register_command, register_decisions]

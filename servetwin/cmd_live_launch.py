@@ -6,6 +6,7 @@ import argparse
 import shlex
 
 from servetwin.args import add_server_args, server_args_from
+from servetwin.cmd_live_plugin import add_plugin_args, print_plugin_env
 
 
 def register_command(sub) -> None:
@@ -14,8 +15,15 @@ def register_command(sub) -> None:
         description="Print the real `python -m sglang.launch_server` command for the same "
         "server arguments `servetwin simulate` takes, and list the twin-only settings that "
         "no SGLang flag carries. With --check, compare the twin's flags and defaults with "
-        "an installed SGLang's own ServerArgs (default: the CPU harness).")
+        "an installed SGLang's own ServerArgs (default: the CPU harness). With --policy, also the "
+        "environment that runs that policy inside SGLang's scheduler through servetwin's "
+        "plugin (`pip install servetwin` into the SGLang env installs it).")
     add_server_args(p)
+    if "--policy" not in p._option_string_actions:  # the twin's own flags may define it
+        add_plugin_args(p)
+    else:
+        p.add_argument("--decision-log", metavar="F", default=None,
+                       help="with --policy: the plugin's decision log (JSON lines)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--check", action="store_true",
@@ -31,6 +39,7 @@ def run_command(ns: argparse.Namespace) -> int:
 
     args = server_args_from(ns)
     derive_capacity(args, ns.gpu)  # refuse what cannot run, with the numbers
+    print_plugin_env(ns)
     print(shlex.join(launch_command(args, host=ns.host, port=ns.port)))
     if ns.gpu:
         print(f"# --gpu {ns.gpu}: the twin's GPU type; the live server uses the machine's GPUs")

@@ -8,7 +8,8 @@ torchvision without dependencies; the import shims of `shim.py` behind a `.pth`
 file; and the tiny dummy-weight model of `model.py`.
 
 Idempotent: a marker file records the recipe; when it matches, `install()` returns
-at once. Usage: `python -m runtime.cpu.install [--prefix DIR]` or
+at once. `ensure_plugin()` then installs servetwin itself (editable, no dependencies) so
+SGLang finds its plugin; it is kept out of the marker. Usage: `python -m runtime.cpu.install [--prefix DIR]` or
 `servetwin live install-cpu [--prefix DIR]`.
 """
 
@@ -156,6 +157,35 @@ def install(prefix: str | os.PathLike | None = None, log: Log = print) -> Harnes
     return harness
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def plugin_installed_from(harness: Harness) -> Path | None:
+    """The project directory servetwin is installed from (editable) in the harness venv,
+    None when it is not installed there. Read from the distribution's `direct_url.json`."""
+    code = ("import json, importlib.metadata as m\n"
+            "try:\n  d = m.distribution('servetwin')\n"
+            "except m.PackageNotFoundError:\n  print('')\n"
+            "else:\n  print(json.loads(d.read_text('direct_url.json') or '{}').get('url', ''))")
+    # cwd: a checkout's own servetwin.egg-info would answer instead of the venv's
+    out = subprocess.run([str(harness.python), "-c", code], capture_output=True, text=True,
+                         env=harness_env(), cwd=harness.prefix)
+    url = out.stdout.strip()
+    return Path(url.removeprefix("file://")) if url.startswith("file://") else None
+
+
+def ensure_plugin(harness: Harness, log: Log = print, root: Path = PROJECT_ROOT) -> None:
+    """`pip install --no-deps -e ROOT` into the harness venv, so SGLang finds servetwin's
+    plugin entry point there; a no-op when it is already installed from ROOT. Kept out of
+    the marker: another checkout re-points it without making the harness "out of date"."""
+    if plugin_installed_from(harness) == root:
+        log(f"servetwin plugin installed in the harness from {root}")
+        return
+    log(f"installing servetwin (its SGLang plugin) into the harness from {root}")
+    _run_logged([str(harness.python), "-m", "pip", "install", "--progress-bar", "off",
+                 "--no-deps", "--no-build-isolation", "-e", str(root)], harness.install_log)
+
+
 def _steps(harness: Harness) -> list[tuple[str, Callable[[], None]]]:
     constraints = harness.prefix / "constraints.txt"
     pip = [str(harness.python), "-m", "pip", "install", "--progress-bar", "off"]
@@ -259,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", help=f"harness venv (default ${ENV_VAR} or {DEFAULT_PREFIX})")
     args = parser.parse_args(argv)
     try:
-        install(args.prefix, log=lambda line: print(line, flush=True))
+        harness = install(args.prefix, log=lambda line: print(line, flush=True))
+        ensure_plugin(harness, log=lambda line: print(line, flush=True))
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -106,8 +106,10 @@ class CpuServer:
         prefix: str | os.PathLike | None = None,
         log_path: str | os.PathLike | None = None,
         start_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.harness: Harness = require_harness(prefix)
+        self.env = dict(env or {})  # on top of the harness environment (e.g. the plugin's)
         self.command = build_command(
             self.harness.python, self.harness.model_dir, free_port(), user_args
         )
@@ -136,7 +138,10 @@ class CpuServer:
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 self.command,
-                env=harness_env(),
+                env=harness_env() | self.env,
+                # not the caller's directory: `python -m` puts it on sys.path, and a
+                # checkout's servetwin.egg-info there would hide the installed plugin
+                cwd=self.harness.prefix,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,0 +1,144 @@
+"""The decision log: one JSON line per decision, shared by the plugin's writer and
+`servetwin live decisions`' reader. Pure: no SGLang, no clock, no pickle.
+
+Line kinds (each a JSON object with `"kind"`):
+- `header` (first line): the policy spec, the server settings it was built with, whether
+  the policy ran natively (SGLang's own sort, only logged), the clock and the budget;
+- `decision`: `snapshot` (every `Snapshot` and `RequestView` field), `plan` (`order`,
+  `victims`; null when the policy raised), `outcome` (`applied`, `native`, `raised`,
+  `invalid`) and `slow` / `us` (the decision's duration);
+- `counters`: the plugin's counters at that moment (written on every fallback).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from twin.policy.base import Plan, RequestView, Snapshot
+
+VERSION = 1
+_VIEW_FIELDS = tuple(f.name for f in fields(RequestView))
+_SNAP_SCALARS = tuple(f.name for f in fields(Snapshot) if f.name not in ("waiting", "running"))
+
+
+def view_to_json(v: RequestView) -> dict[str, Any]:
+    out = {name: getattr(v, name) for name in _VIEW_FIELDS}
+    out["prefix_path"] = list(v.prefix_path)
+    return out
+
+
+def view_from_json(d: dict[str, Any]) -> RequestView:
+    kw = {k: d[k] for k in _VIEW_FIELDS if k in d}
+    kw["prefix_path"] = tuple(d.get("prefix_path", ()))
+    return RequestView(**kw)
+
+
+def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(s, name) for name in _SNAP_SCALARS}
+    out["waiting"] = [view_to_json(v) for v in s.waiting]
+    out["running"] = [view_to_json(v) for v in s.running]
+    return out
+
+
+def snapshot_from_json(d: dict[str, Any]) -> Snapshot:
+    kw = {k: d[k] for k in _SNAP_SCALARS if k in d}
+    return Snapshot(waiting=tuple(view_from_json(v) for v in d["waiting"]),
+                    running=tuple(view_from_json(v) for v in d["running"]), **kw)
+
+
+def plan_to_json(p: Plan | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"order": None if p.order is None else list(p.order), "victims": list(p.victims)}
+
+
+def plan_from_json(d: dict[str, Any] | None) -> Plan | None:
+    if d is None:
+        return None
+    order = d.get("order")
+    return Plan(order=None if order is None else tuple(order),
+                victims=tuple(d.get("victims", ())))
+
+
+def header_line(spec: dict, policy_args: dict, server: dict, native: bool,
+                budget_ms: float) -> str:
+    """`policy_args` are the server settings `build_policy` got (priority scheduling, ...);
+    `server` what else the plugin knows of the server (its own --schedule-policy, TP rank)."""
+    return json.dumps({"kind": "header", "version": VERSION, "spec": spec,
+                       "policy_args": policy_args, "server": server, "native": native,
+                       "clock": "time.perf_counter", "budget_ms": budget_ms})
+
+
+def decision_line(snap: Snapshot, plan: Plan | None, outcome: str, us: float,
+                  slow: bool) -> str:
+    return json.dumps({"kind": "decision", "question": snap.question,
+                       "snapshot": snapshot_to_json(snap), "plan": plan_to_json(plan),
+                       "outcome": outcome, "us": round(us, 1), "slow": slow})
+
+
+def read_lines(path: Path | str) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
+
+
+def same_decision(question: str, a: Plan | None, b: Plan | None) -> bool:
+    """Identical answers: the same order; for preemption the same set of victims (SGLang
+    releases them as a set, so their order does not change what happens)."""
+    if a is None or b is None:
+        return a is b
+    if question == "order":
+        return a.order == b.order
+    return sorted(a.victims) == sorted(b.victims)
+
+
+@dataclass
+class Agreement:
+    decisions: int = 0
+    identical: int = 0
+    skipped: int = 0  # logged without a plan (the live policy raised)
+    #: the first few (line number, question, logged plan, the twin's plan)
+    disagreements: list[tuple[int, str, Plan, Plan]] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.identical / self.decisions if self.decisions else 1.0
+
+
+def replay(lines: Iterable[dict[str, Any]], policy, keep: int = 5) -> Agreement:
+    """Ask `policy` every logged snapshot and compare with the logged plan."""
+    out = Agreement()
+    for number, d in enumerate(lines, 1):
+        if d.get("kind") != "decision":
+            continue
+        logged = plan_from_json(d["plan"])
+        if logged is None:
+            out.skipped += 1
+            continue
+        snap = snapshot_from_json(d["snapshot"])
+        ours = policy.decide(snap)
+        out.decisions += 1
+        if same_decision(snap.question, logged, ours):
+            out.identical += 1
+        elif len(out.disagreements) < keep:
+            out.disagreements.append((number, snap.question, logged, ours))
+    return out
+
+
+def policy_from_header(header: dict[str, Any]):
+    """The twin's policy as the live plugin built it (spec plus server settings)."""
+    from twin.policy.registry import build_policy, spec_from_dict
+
+    if header.get("kind") != "header":
+        raise ValueError("the decision log does not start with a header line")
+    spec = spec_from_dict(header["spec"], "decision log header")
+    return build_policy(spec, **header.get("policy_args", {}))

@@ -1,0 +1,417 @@
+"""The plugin's hooks inside SGLang 0.5.23's scheduler process (docs/plugin.md).
+
+Three hooks, registered with SGLang's `HookRegistry` (AROUND):
+- `Scheduler.__init__`: after SGLang's own, build the policy with the server's settings,
+  check that the other hooks are in place (`__wrapped__`), say which policy runs, open the
+  decision log;
+- `SchedulePolicy.calc_priority`: SGLang's own sort first, then the policy's order
+  (validated) applied to the waiting queue in place;
+- `Scheduler.get_prefill_adder_class`: a `PrefillAdder` subclass whose
+  `preempt_to_schedule` asks the policy for victims and commits them with SGLang's own
+  release steps.
+
+The engine is sacred: every hook catches every exception, logs once per kind of failure,
+counts it in `COUNTERS` and falls back to SGLang's own behaviour for that pass. SGLang's
+hook wrappers catch nothing, and an exception in the scheduler kills the server.
+
+State: one `PluginRuntime` per scheduler process (`_RUNTIME`). Module-level because
+SGLang's hooks are module-level functions patched into its classes; with TP 1 there is one
+scheduler per process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from runtime.plugin import decisions
+from runtime.plugin.views import preemptible_running, req_view, tokens_needed, views
+from twin.policy.base import Plan, Snapshot
+from twin.policy.check import validate_plan
+
+log = logging.getLogger("servetwin.plugin")
+
+POLICY_ENV = "SERVETWIN_POLICY"
+BUDGET_ENV = "SERVETWIN_POLICY_BUDGET_MS"
+LOG_ENV = "SERVETWIN_DECISION_LOG"
+DEFAULT_BUDGET_MS = 5.0
+
+T_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
+T_ORDER = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
+T_ADDER = "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class"
+TARGETS = (T_INIT, T_ORDER, T_ADDER)
+
+#: fallbacks by kind ("raised", "invalid"), decisions slower than the budget ("slow",
+#: applied nonetheless), and every decision by outcome
+COUNTERS: dict[str, int] = {"raised": 0, "invalid": 0, "slow": 0, "decisions": 0,
+                            "applied": 0, "native": 0}
+_RUNTIME: PluginRuntime | None = None
+_SPEC = None  # the PolicySpec `install` was given
+
+
+def _setup_logger() -> None:
+    if not log.handlers:  # our own handler: SGLang's logging config may drop INFO
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[servetwin.plugin %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def install(spec) -> None:
+    """Register the hooks (SGLang applies them after every plugin's `load` has run)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    global _SPEC
+    _setup_logger()
+    _SPEC = spec
+    HookRegistry.register(T_INIT, _scheduler_init_hook, HookType.AROUND)
+    HookRegistry.register(T_ORDER, _calc_priority_hook, HookType.AROUND)
+    HookRegistry.register(T_ADDER, _adder_class_hook, HookType.AROUND)
+
+
+def hooks_missing() -> list[str]:
+    """The targets that do not carry a wrapper (`__wrapped__`): hooks not in place."""
+    import importlib
+
+    missing = []
+    for target in TARGETS:
+        module, cls, attr = target.rsplit(".", 2)
+        obj = getattr(getattr(importlib.import_module(module), cls, None), attr, None)
+        if not hasattr(obj, "__wrapped__"):
+            missing.append(target)
+    return missing
+
+
+# --- the hooks (each one catches everything) ---------------------------------------------
+
+def _scheduler_init_hook(original, scheduler, *args, **kwargs):
+    original(scheduler, *args, **kwargs)
+    global _RUNTIME
+    try:
+        _RUNTIME = PluginRuntime.start(_SPEC, scheduler)
+    except Exception:
+        _RUNTIME = None
+        log.exception("servetwin plugin could not start; SGLang's own scheduling runs")
+
+
+def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
+                        processed_tokens=0):
+    rt = _RUNTIME
+    before = list(waiting_queue) if rt is not None and rt.logs_native else None
+    original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
+    if rt is not None:
+        try:
+            rt.on_order(waiting_queue, running_batch, processed_tokens, before)
+        except Exception as exc:  # on_order catches its own; this is the last guard
+            rt.failed("raised", "order hook", exc)
+
+
+_ADDER_CLASSES: dict[type, type] = {}
+
+
+def _adder_class_hook(original, scheduler):
+    base = original(scheduler)
+    if _RUNTIME is None:
+        return base
+    try:
+        if base not in _ADDER_CLASSES:
+            _ADDER_CLASSES[base] = _make_adder_class(base)
+        return _ADDER_CLASSES[base]
+    except Exception as exc:
+        _RUNTIME.failed("raised", "prefill adder class", exc)
+        return base
+
+
+def _make_adder_class(base: type) -> type:
+    class ServetwinPrefillAdder(base):
+        """SGLang's PrefillAdder; `preempt_to_schedule` asks the servetwin policy."""
+
+        def preempt_to_schedule(self, req) -> bool:
+            own = super().preempt_to_schedule
+            rt = _RUNTIME
+            if rt is None:
+                return own(req)
+            try:
+                return rt.on_preempt(self, req, own)
+            except Exception as exc:  # on_preempt catches its own; the last guard
+                rt.failed("raised", "preempt hook", exc)
+                return False
+
+    ServetwinPrefillAdder.__qualname__ = f"Servetwin{base.__name__}"
+    return ServetwinPrefillAdder
+
+
+# --- the runtime ----------------------------------------------------------------------------
+
+class PluginRuntime:
+    """The policy, its log and its counters inside one scheduler process."""
+
+    def __init__(self, spec, policy, policy_args: dict, server_policy: str, native: bool,
+                 budget_ms: float, log_path: str | None, scheduler=None) -> None:
+        self.spec, self.policy, self.native = spec, policy, native
+        self.budget_s = budget_ms / 1000
+        self.scheduler = scheduler
+        self.counters = COUNTERS
+        self._warned: set[str] = set()
+        self.log_path = log_path
+        self._log = open(log_path, "a", encoding="utf-8") if log_path else None
+        self.logs_native = native and self._log is not None
+        self.pass_queue: list | None = None  # this pass's waiting queue (the scheduler's list)
+        self.pass_views: tuple | None = None  # its views, in the queue's order
+        self.processed_tokens = 0
+        if self._log is not None:
+            server = {"schedule_policy": server_policy,
+                      "tp_rank": getattr(scheduler, "tp_rank", 0)}
+            self._write(decisions.header_line(spec.to_json(), policy_args, server, native,
+                                              budget_ms))
+            self._write_counters()
+
+    @classmethod
+    def start(cls, spec, scheduler) -> PluginRuntime:
+        from twin.policy.registry import build_policy
+
+        args = {"priority_scheduling": bool(scheduler.enable_priority_scheduling),
+                "low_values_first": bool(scheduler.schedule_low_priority_values_first),
+                "preemption_threshold": int(scheduler.priority_scheduling_preemption_threshold)}
+        policy = build_policy(spec, **args)
+        server_policy = scheduler.policy.policy.value  # after SGLang's own adjustment
+        native = (policy.sglang_name == server_policy
+                  and bool(getattr(policy, "priority_scheduling", False))
+                  == args["priority_scheduling"])
+        budget = float(os.environ.get(BUDGET_ENV) or DEFAULT_BUDGET_MS)
+        rt = cls(spec, policy, args, server_policy, native, budget,
+                 os.environ.get(LOG_ENV) or None, scheduler)
+        rt.announce(server_policy, args)
+        return rt
+
+    def announce(self, server_policy: str, args: dict) -> None:
+        how = ("natively: SGLang's own sort, decisions only logged" if self.native else
+               f"through the plugin, on top of SGLang's --schedule-policy {server_policy}")
+        slice_s = getattr(self.policy, "time_slice_s", None)
+        log.info("servetwin policy %r %s (params %s, server %s, budget %.1f ms%s%s)",
+                 self.spec.name, how, self.spec.params, args, self.budget_s * 1000,
+                 f", time slice {slice_s * 1000:.0f} ms" if slice_s else "",
+                 f", decision log {self.log_path}" if self.log_path else "")
+        missing = hooks_missing()
+        if missing:
+            log.error("servetwin plugin: hooks NOT in place on %s; the policy does not run "
+                      "there (SGLang's own behaviour)", ", ".join(missing))
+        else:
+            log.info("servetwin plugin: hooks in place on %s", ", ".join(TARGETS))
+
+    # order ------------------------------------------------------------------------------
+    def on_order(self, queue: list, running_batch, processed_tokens: int, before) -> None:
+        self.pass_queue, self.pass_views = queue, None
+        self.processed_tokens = processed_tokens
+        if self.native:
+            if before is not None:
+                self._log_native_order(queue, running_batch, before)
+            return
+        t0 = time.perf_counter()
+        snap = plan = None
+        try:
+            snap = self.order_snapshot(queue, running_batch)
+            plan = self.policy.decide(snap)
+            why = validate_plan(snap, plan)
+        except Exception as exc:
+            self.failed("raised", "order", exc, snap, None, t0)
+            return
+        if why:
+            self.failed("invalid", "order", why, snap, plan, t0)
+            return
+        us = self._timed(t0, "order")
+        queue[:] = [queue[i] for i in plan.order]
+        self.pass_views = tuple(snap.waiting[i] for i in plan.order)
+        self.decided(snap, plan, "applied", us)
+
+    def order_snapshot(self, queue: list, running_batch) -> Snapshot:
+        ratio = self._ratio()
+        running = running_batch.reqs if running_batch is not None else ()
+        return self._snapshot(views(queue, False, ratio), views(running, True, ratio), ratio)
+
+    def _log_native_order(self, queue: list, running_batch, before: list) -> None:
+        t0 = time.perf_counter()
+        try:
+            pos = {id(r): i for i, r in enumerate(before)}
+            order = tuple(pos[id(r)] for r in queue)
+            snap = self.order_snapshot(before, running_batch)
+            self.pass_views = tuple(snap.waiting[i] for i in order)
+        except Exception as exc:
+            self.failed("raised", "native order log", exc)
+            return
+        self.decided(snap, Plan(order=order), "native", (time.perf_counter() - t0) * 1e6)
+
+    # preemption ---------------------------------------------------------------------------
+    def on_preempt(self, adder, req, own) -> bool:
+        if self.native:
+            return self._native_preempt(adder, req, own) if self._log else own(req)
+        t0 = time.perf_counter()
+        snap = plan = None
+        try:
+            valid = preemptible_running(adder)
+            snap = self.preempt_snapshot(adder, req, valid)
+            plan = self.policy.decide(snap)
+            why = validate_plan(snap, plan)
+        except Exception as exc:
+            self.failed("raised", "preempt", exc, snap, None, t0)
+            return own(req)
+        if why:
+            self.failed("invalid", "preempt", why, snap, plan, t0)
+            return own(req)
+        us = self._timed(t0, "preempt")
+        self.decided(snap, plan, "applied", us)
+        if not plan.victims:
+            return False
+        try:
+            commit_preemption(adder, [valid[i] for i in plan.victims])
+        except Exception as exc:  # SGLang's own release steps failed half-way
+            self.failed("raised", "preempt commit", exc)
+            return False
+        return True
+
+    def preempt_snapshot(self, adder, req, valid: list) -> Snapshot:
+        ratio = adder.new_token_ratio
+        queue = self.pass_queue or []
+        idx = next((i for i, r in enumerate(queue) if r is req), None)
+        fresh = req_view(req, False, ratio)
+        if idx is None:  # not in this pass's queue (should not happen): a queue of one
+            waiting, idx = (fresh,), 0
+        else:
+            known = self.pass_views
+            if known is None or len(known) != len(queue):
+                known = views(queue, False, ratio)
+            waiting = known[:idx] + (fresh,) + known[idx + 1:]
+        return self._snapshot(waiting, views(valid, True, ratio), ratio, candidate=idx,
+                              tokens_needed=tokens_needed(adder, req))
+
+    def _native_preempt(self, adder, req, own) -> bool:
+        t0 = time.perf_counter()
+        try:
+            valid = preemptible_running(adder)
+            snap = self.preempt_snapshot(adder, req, valid)
+            before = len(adder.preempt_list)
+        except Exception as exc:
+            self.failed("raised", "native preempt log", exc)
+            return own(req)
+        done = own(req)
+        try:
+            taken = {id(r) for r in adder.preempt_list[before:]}
+            victims = tuple(i for i, r in enumerate(valid) if id(r) in taken)
+            self.decided(snap, Plan(victims=victims), "native",
+                         (time.perf_counter() - t0) * 1e6)
+        except Exception as exc:
+            self.failed("raised", "native preempt log", exc)
+        return done
+
+    # shared -------------------------------------------------------------------------------
+    def _ratio(self) -> float:
+        tracker = getattr(self.scheduler, "new_token_ratio_tracker", None)
+        return float(tracker.current) if tracker is not None else 0.7
+
+    def _snapshot(self, waiting, running, ratio, **question) -> Snapshot:
+        s = self.scheduler
+        return Snapshot(now=time.perf_counter(), waiting=waiting, running=running,
+                        kv_free=_int_of(lambda: s.token_to_kv_pool_allocator.available_size()),
+                        kv_evictable=_int_of(lambda: s.tree_cache.evictable_size()),
+                        kv_capacity=_int_of(lambda: s.max_total_num_tokens),
+                        new_token_ratio=ratio,
+                        max_running_requests=_int_of(lambda: s.max_running_requests),
+                        processed_tokens=self.processed_tokens, **question)
+
+    def _timed(self, t0: float, what: str) -> float:
+        elapsed = time.perf_counter() - t0
+        if elapsed > self.budget_s:
+            self.counters["slow"] += 1
+            self._warn_once("slow", f"a {what} decision took {elapsed * 1000:.1f} ms, over the "
+                                    f"{self.budget_s * 1000:.1f} ms budget (applied; counted "
+                                    f"as 'slow')")
+            self._write_counters()
+        return elapsed * 1e6
+
+    def decided(self, snap: Snapshot, plan: Plan, outcome: str, us: float) -> None:
+        self.counters["decisions"] += 1
+        self.counters[outcome] += 1
+        if self._log is not None:
+            self._write(decisions.decision_line(snap, plan, outcome, us,
+                                                us > self.budget_s * 1e6))
+            self._write_counters()
+
+    def failed(self, kind: str, where: str, why, snap: Snapshot | None = None,
+               plan=None, t0: float | None = None) -> None:
+        """Count and log (once per kind and place) a fallback to SGLang's own behaviour."""
+        try:
+            self.counters[kind] += 1
+            detail = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+            self._warn_once(f"{kind}:{where}", f"policy {self.spec.name!r} {kind} at {where} "
+                            f"({detail}); SGLang's own behaviour for this pass (counted as "
+                            f"{kind!r}; further ones are only counted)")
+            if snap is not None and self._log is not None:
+                us = (time.perf_counter() - t0) * 1e6 if t0 else 0.0
+                plan = plan if isinstance(plan, Plan) and _jsonable(plan) else None
+                self.counters["decisions"] += 1
+                self._write(decisions.decision_line(snap, plan, kind, us, False))
+            self._write_counters()
+        except Exception:  # never let the bookkeeping of a failure fail the scheduler
+            pass
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    def _write(self, line: str) -> None:
+        try:
+            self._log.write(line + "\n")
+            self._log.flush()
+        except Exception as exc:
+            self._log = None
+            self._warn_once("log", f"decision log {self.log_path} switched off: {exc}")
+
+    def _write_counters(self) -> None:
+        if not self.log_path:
+            return
+        path = Path(self.log_path + ".counters.json")
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self.counters))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+def commit_preemption(adder, victims: list) -> None:
+    """SGLang 0.5.23's own commit in `PrefillAdder.preempt_to_schedule`: take each victim's
+    reservation off the budget, release it, drop it from the running batch and list it for
+    re-queueing after the pass."""
+    chosen = {id(r) for r in victims}
+    batch = adder.running_batch
+    keep, released = [], 0
+    for i, r in enumerate(batch.reqs):
+        if id(r) in chosen:
+            adder.memory_budget.total_offset -= adder._get_running_request_total_token_offset(r)
+            released += 1
+            batch.release_req(i, len(batch.reqs) - released)
+        else:
+            keep.append(i)
+    batch.filter_batch(keep_indices=keep)
+    adder.preempt_list.extend(victims)
+
+
+def _int_of(get) -> int:
+    try:
+        return int(get())
+    except Exception:
+        return 0
+
+
+def _jsonable(plan: Plan) -> bool:
+    try:
+        json.dumps(decisions.plan_to_json(plan))
+        return True
+    except (TypeError, ValueError):
+        return False
