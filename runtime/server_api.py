@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from twin.config import SCHEDULE_POLICIES
 from twin.errors import ServetwinError
 
 # Used when the vocab size is neither given nor readable: every common LLM tokenizer has at
@@ -124,6 +125,6 @@ def twin_server_args(info: dict):
              if f.name in info and info[f.name] is not None}
     if info.get("device") == "cpu":
         given["disable_cuda_graph"] = True
-    if given.get("schedule_policy") not in (None, "fcfs", "lpm", "lof"):
+    if given.get("schedule_policy") not in (None, *SCHEDULE_POLICIES):
         given.pop("schedule_policy")  # a policy the twin does not model: its default
     return ServerArgs(**given)

@@ -11,6 +11,8 @@ from servetwin.args import add_server_args, add_workload_args, server_args_from,
 from twin.config import derive_capacity
 from twin.errors import ConfigError, InfeasibleError
 from twin.metrics import SLO, format_summary
+from twin.outputs import atomic_write_text, check_out_dir
+from twin.policy import policy_names
 from twin.policy.slices import ScoreWeights
 from twin.sim import SimConfig, simulate
 from twin.workload import SPEC_HELP
@@ -27,6 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=SPEC_HELP)
     add_server_args(p)
     add_workload_args(p, DEFAULT_WORKLOAD)
+    pol = p.add_argument_group("scheduling policy (the same spec runs live through the plugin)")
+    pol.add_argument("--policy", default=None, metavar="SPEC",
+                     help="a policy name (" + ", ".join(policy_names()) + ") or a JSON/YAML "
+                     "spec file {\"name\": ..., \"params\": {...}}; the live engine runs the "
+                     "same spec through servetwin's SGLang plugin (docs/policies.md). "
+                     "Default: SGLang's --schedule-policy")
+    pol.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                     help="model clients that stop at EOS: running requests reserve only "
+                     "new_token_ratio of their remaining tokens (default: requests carry "
+                     "ignore_eos, as servetwin's live replay sends them)")
     m = p.add_argument_group("the users' scheduler and memory design (twin-only, not SGLang flags)")
     m.add_argument("--preemption-mode", default="off",
                    choices=["off", "conservative", "moderate", "aggressive"],
@@ -108,19 +120,24 @@ def sim_config(ns: argparse.Namespace, args) -> SimConfig:
                      preemption_mode=ns.preemption_mode, time_slice_ms=ns.time_slice_ms,
                      priority_weights=weights, preemption_threshold=ns.preemption_threshold,
                      swap_min_tokens=ns.swap_min_tokens, host_kv_bytes=ns.host_kv_bytes,
-                     defrag_every=ns.defrag_every, defrag_threshold=ns.defrag_threshold)
+                     defrag_every=ns.defrag_every, defrag_threshold=ns.defrag_threshold,
+                     policy=ns.policy, ignore_eos=ns.ignore_eos)
 
 
 def run(ns: argparse.Namespace) -> int:
     args = server_args_from(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
     cfg = sim_config(ns, args)
+    slo = SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e)
     cap = derive_capacity(args, ns.gpu)
+    if ns.out:
+        check_out_dir(ns.out)
+    if ns.calibration:
+        _warn_profile(ns.calibration, args)
     if not ns.json:
         _print_header(ns, cap, workload)
     progress = Progress(len(workload.requests))
-    result = simulate(workload, cfg, SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e),
-                      progress=progress)
+    result = simulate(workload, cfg, slo, progress=progress)
     progress.close()
     if ns.out:
         result.write(ns.out)
@@ -138,6 +155,14 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_profile(path: str, args) -> None:
+    from twin.perf.fitted import load_profile, profile_mismatches
+
+    for note in profile_mismatches(load_profile(path), args):
+        print(f"servetwin: warning: {note}; its step times describe another deployment",
+              file=sys.stderr)
+
+
 def _write_launch(out: Path, cfg: SimConfig) -> None:
     """The same deployment on the real engine, and what does not carry over."""
     import shlex
@@ -145,7 +170,7 @@ def _write_launch(out: Path, cfg: SimConfig) -> None:
     from runtime.launch import launch_command, not_sglang
 
     lines = [shlex.join(launch_command(cfg.args))] + [f"# {n}" for n in not_sglang(cfg)]
-    (out / "sglang_launch.txt").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "sglang_launch.txt", "\n".join(lines) + "\n")
 
 
 def _print_header(ns: argparse.Namespace, cap, workload) -> None:

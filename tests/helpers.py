@@ -21,12 +21,13 @@ def req(rid: str, t: float, prompt: int | list, out: int, prio: int = 0, seg: in
     return Request.make(rid, t, segs, out, prio)
 
 
-def run_replica(requests, step_time, concurrency=None, **server):
+def run_replica(requests, step_time, concurrency=None, ignore_eos=True, policy=None, **server):
     """Run the replica with a step log; returns (replica, records by rid)."""
     from twin.metrics import twin_records
 
     args = ServerArgs(model_path=MODEL, **server)
-    cfg = SimConfig(args=args, gpu=GPU, sample_every_s=1e9, debug_checks=True)
+    cfg = SimConfig(args=args, gpu=GPU, sample_every_s=1e9, debug_checks=True,
+                    ignore_eos=ignore_eos, policy=policy)
     env = simpy.Environment()
     rep, _ = build_replica(env, Workload("test", tuple(requests), concurrency), cfg, step_time)
     rep.step_log = []

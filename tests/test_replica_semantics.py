@@ -40,23 +40,26 @@ def test_mixed_chunk_puts_running_decodes_into_the_prefill_step():
 
 
 def test_decode_out_of_kv_retracts_the_request_with_fewest_tokens():
-    # A is admitted alone; B fits the budget because running requests reserve only
-    # new_token_ratio (0.7) of their future tokens, so decode later runs out of KV.
+    # A is admitted alone; B fits the budget because running requests that may stop at
+    # EOS (not ignore_eos) reserve only new_token_ratio (0.7) of their future tokens, so
+    # decode later runs out of KV.
     # At t=4 A holds 42 tokens and reserves 0.7 x 27 of 95: B (8 + 25) fits the budget.
     # Decoding from t=6 uses 2 tokens a step: 95 - 50 = 45 tokens last 22 steps, then
     # SGLang retracts the request with the fewest generated tokens: B (23 vs A's 25).
     reqs = [req("A", 0.0, 40, 30), req("B", 3.5, 8, 25)]
-    rep, recs = run_replica(reqs, ST, max_total_tokens=95, disable_radix_cache=True)
+    rep, recs = run_replica(reqs, ST, max_total_tokens=95, disable_radix_cache=True,
+                            ignore_eos=False)
     assert rep.step_log[:3] == [
         ("prefill", 0.0, [("A", 40)], []),
         ("decode", 2.0, ["A"], 2),  # stops at the step boundary after B's arrival
         ("prefill", 4.0, [("B", 8)], []),
     ]
     assert rep.step_log[3] == ("decode", 6.0, ["A", "B"], 22)
-    assert rep.step_log[4] == ("decode", 28.0, ["A"], 5)  # B retracted; A finishes at 33
+    # B retracted; the pass after the next step tries B again (no room), A ends at 33
+    assert rep.step_log[4:6] == [("decode", 28.0, ["A"], 1), ("decode", 29.0, ["A"], 4)]
     assert recs["B"]["retractions"] == 1 and recs["A"]["retractions"] == 0
     # B comes back once A is done and recomputes its prompt plus its 23 outputs
-    assert rep.step_log[5] == ("decode", 33.0, [], 0) or rep.step_log[5][:3] == (
+    assert rep.step_log[6] == ("decode", 33.0, [], 0) or rep.step_log[6][:3] == (
         "prefill", 33.0, [("B", 31)])
     assert recs["A"]["output_tokens"] == 30 and recs["B"]["output_tokens"] == 25
     assert rep.counters.retractions == 1

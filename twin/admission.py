@@ -56,10 +56,14 @@ class Adder:
         if self.rem_chunk is not None:
             self.rem_chunk -= extend
 
-    def add_chunked(self, req: SimRequest) -> SimRequest | None:
+    def add_chunked(self, req: SimRequest, limit: int | None = None) -> SimRequest | None:
+        """The chunked request's next chunk; `limit` caps it (shortest-prefill-first)."""
         left = req.fill_len - req.computed
-        truncated = self.rem_chunk is not None and left > self.rem_chunk
-        ext = min(left, self.rem_chunk) if self.rem_chunk is not None else left
+        rem = self.rem_chunk
+        if limit is not None:
+            rem = limit if rem is None else min(rem, limit)
+        truncated = rem is not None and left > rem
+        ext = min(left, rem) if rem is not None else left
         self.can_run.append((req, ext))
         self._take(ext, 0 if truncated else min(req.remaining, C.CLIP_MAX_NEW_TOKENS))
         return req if truncated else None

@@ -8,13 +8,16 @@ configuration drives both the twin and a real `python -m sglang.launch_server`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 from twin.errors import ConfigError, InfeasibleError
 from twin.hardware import GIB, GpuSpec, get_gpu
+from twin.inputs import MAX_TOKENS, PRIORITY, TOKENS, Rule, check_optional
 from twin.models import ModelSpec, get_model
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "lof")  # SGLang names the twin implements
+SCHEDULE_POLICIES = ("fcfs", "lpm", "lof", "hrrn", "dfs-weight", "shortest-prefill-first",
+                     "random")  # SGLang 0.5.23 names the twin implements (routing-key: no)
 KV_CACHE_DTYPES = {"auto": None, "bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 QUANTIZATIONS = {None: None, "fp8": 1.0, "w8a8_fp8": 1.0, "awq": 0.5, "gptq": 0.5}
 
@@ -30,6 +33,22 @@ LPM_FALLBACK_QUEUE_LEN = 128  # lpm falls back to fcfs above this many waiting r
 # rest = avail_after_load - avail_before_load * (1 - mem_fraction_static). On 80 GB cards
 # SGLang logs "Load weight begin. avail mem=78.6 GB", i.e. about 1.4 GiB in use (estimate).
 PRELOAD_USED_BYTES = 1.4 * 2**30
+
+
+# Every numeric server argument and what SGLang (or sense) allows; None = SGLang derives it.
+NUMBER_RULES = {
+    "tp_size": Rule(integer=True, lo=1, hi=1024),
+    "context_length": TOKENS,
+    "mem_fraction_static": Rule(lo=0, hi=1, lo_open=True, hi_open=True),
+    "max_total_tokens": TOKENS,
+    "chunked_prefill_size": Rule(integer=True, lo=-1, hi=MAX_TOKENS),
+    "max_prefill_tokens": TOKENS,
+    "max_running_requests": Rule(integer=True, lo=1, hi=MAX_TOKENS),
+    "schedule_conservativeness": Rule(lo=0, lo_open=True, hi=1e6),
+    "page_size": Rule(integer=True, lo=1, hi=2**20),
+    "priority_scheduling_preemption_threshold": PRIORITY,
+    "cuda_graph_max_bs_decode": Rule(integer=True, lo=1, hi=2**20),
+}
 
 
 @dataclass(frozen=True)
@@ -71,21 +90,19 @@ class ServerArgs:
         if self.quantization not in QUANTIZATIONS:
             raise bad("quantization", self.quantization,
                       f"allowed values: {', '.join(q for q in QUANTIZATIONS if q)}")
-        for name in ("tp_size", "page_size", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise bad(name, getattr(self, name), "must be >= 1")
-        for name in ("max_total_tokens", "max_running_requests", "context_length",
-                     "cuda_graph_max_bs_decode"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise bad(name, value, "must be >= 1")
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
-            raise bad("chunked_prefill_size", 0, "use -1 to disable chunking, or a size >= 1")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
-            raise bad("mem_fraction_static", self.mem_fraction_static, "must be in (0, 1)")
-        if self.schedule_conservativeness <= 0:
-            raise bad("schedule_conservativeness", self.schedule_conservativeness, "must be > 0")
-        if self.enable_priority_scheduling and self.schedule_policy == "lpm":
+        for name, rule in NUMBER_RULES.items():
+            check_optional("--" + name.replace("_", "-"), getattr(self, name), rule)
+        chunk = self.chunked_prefill_size
+        if chunk is not None and chunk != -1 and chunk < 1:
+            raise bad("chunked_prefill_size", chunk, "use -1 to disable chunking, or a size >= 1")
+        if chunk is not None and chunk > 0 and chunk % self.page_size:
+            raise ConfigError(f"--chunked-prefill-size {chunk} with --page-size "
+                              f"{self.page_size}: chunked_prefill_size must be divisible by "
+                              "page_size (SGLang refuses it)")
+        if self.enable_mixed_chunk and chunk == -1:
+            raise ConfigError("--enable-mixed-chunk needs chunked prefill: with "
+                              "--chunked-prefill-size -1 SGLang runs no mixed steps")
+        if self.enable_priority_scheduling and self.schedule_policy not in ("fcfs", "lof"):
             raise ConfigError("--enable-priority-scheduling works only with --schedule-policy "
                               "fcfs or lof (as in SGLang)")
 
@@ -168,6 +185,7 @@ def default_mem_fraction(gpu_mem_mib: float, chunk: int, max_prefill: int, graph
 def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
     """SGLang's start-up arithmetic; infeasible configurations are refused with numbers."""
     model, gpu = get_model(args.model_path), get_gpu(gpu_name)
+    check_model_fits_args(model, args)
     if args.quantization:
         model = _with_weight_bytes(model, QUANTIZATIONS[args.quantization])
     mem_mib = gpu.mem_bytes / 2**20
@@ -209,6 +227,33 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
         max_prefill_tokens=args.max_prefill_tokens, cuda_graph_max_bs=graph_bs,
         context_len=context, page_size=args.page_size,
     )
+
+
+# SGLang lets a longer --context-length than the model's through only with this set.
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+def check_model_fits_args(model: ModelSpec, args: ServerArgs) -> None:
+    """SGLang's start-up checks that depend on the model: attention heads split evenly
+    over TP ranks (KV heads split or replicated evenly), and a context length no longer
+    than the model's unless SGLang's override variable is set."""
+    tp = args.tp_size
+    if model.num_heads % tp:
+        raise ConfigError(f"--tp-size {tp}: {model.name} has {model.num_heads} attention heads, "
+                          f"which SGLang splits evenly over TP ranks ('{model.num_heads} is not "
+                          f"divisible by {tp}'); allowed: a divisor of {model.num_heads}")
+    kv = model.num_kv_heads
+    if not model.is_mla and (kv % tp if tp < kv else tp % kv):
+        raise ConfigError(f"--tp-size {tp}: {model.name} has {kv} KV heads, which SGLang "
+                          "splits evenly over TP ranks or replicates evenly "
+                          f"('{max(kv, tp)} is not divisible by {min(kv, tp)}')")
+    ctx = args.context_length
+    if ctx is not None and ctx > model.context_len and not os.environ.get(
+            ALLOW_LONGER_CONTEXT_ENV):
+        raise ConfigError(f"--context-length {ctx}: User-specified context_length ({ctx}) is "
+                          f"greater than the derived context_length ({model.context_len}) of "
+                          f"{model.name} (SGLang refuses it; to allow overriding this maximum, "
+                          f"set the env var {ALLOW_LONGER_CONTEXT_ENV}=1)")
 
 
 def _min_tp(model: ModelSpec, gpu: GpuSpec, frac: float) -> int:

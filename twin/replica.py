@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import simpy
@@ -44,10 +45,11 @@ class Replica(KVMemory):
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
                  sample_every_s: float = 1.0, debug_checks: bool = False,
                  swap: SwapConfig | None = None, defrag: DefragConfig | None = None,
-                 decider: Decider | None = None) -> None:
+                 decider: Decider | None = None, ignore_eos: bool = True) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.source = policy, source
         self.decider = decider or PolicyDecider(policy)
+        self.ignore_eos = ignore_eos
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
         self.tree = None if args.disable_radix_cache else RadixCache(
             on_evict=lambda node: self.alloc.free(-node.nid))
@@ -146,6 +148,7 @@ class Replica(KVMemory):
             r = SimRequest(req, sent, self._n_seen)
             r.queue_entry_s = r.entered_s = now  # SGLang's wait_queue_entry_time
             r.arrival_work = self.counters.prefill_tokens  # arrival_processed_tokens
+            r.ignore_eos = self.ignore_eos
             self._n_seen += 1
             if not self._validate(r):
                 continue
@@ -187,7 +190,7 @@ class Replica(KVMemory):
         mixed = running_bs if (self.args.enable_mixed_chunk and self.running) else 0
         adder = Adder(self, mixed)
         if self.chunked is not None:
-            self.chunked = adder.add_chunked(self.chunked)
+            self.chunked = adder.add_chunked(self.chunked, self._chunk_limit(adder))
         for i, req in enumerate(list(self.waiting)):
             if len(adder.can_run) + len(self.running) >= self.cap.max_running_requests:
                 self.batch_full = True
@@ -217,6 +220,16 @@ class Replica(KVMemory):
         admitted = {id(r) for r, _ in adder.can_run}
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
         return adder.can_run
+
+    def _chunk_limit(self, adder: Adder) -> int | None:
+        limit = getattr(self.policy, "chunk_limit", None)
+        if limit is None or self.chunked is None:
+            return None
+        r = self.chunked
+        ratio = self.new_token_ratio
+        return limit(replace(view(r, ratio, False), prefix_len=r.computed),
+                     tuple(view(w, ratio, False) for w in self.waiting),
+                     adder.rem_chunk or 0, self.page)
 
     def snapshot(self, now: float, candidate: int | None = None,
                  tokens_needed: float = 0.0) -> Snapshot:
@@ -366,8 +379,10 @@ class Replica(KVMemory):
 
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
+        reopened = False
         if self.shrunk:
             self.shrunk = False
+            reopened = self.batch_full and bool(self.waiting)
             self.batch_full = False
             if not self.running:
                 return
@@ -376,6 +391,8 @@ class Replica(KVMemory):
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
         k_mem = max(self.alloc.decode_steps(owners, self.room()), 1)
         k = min(min(r.remaining for r in self.running), k_mem)
+        if reopened:  # SGLang clears batch_is_full with this step: the next pass admits
+            k = 1
         kv0 = sum(r.fill_len for r in self.running)
         limit = self._next_boundary()
         if limit is not None and k > 1:  # steps only lengthen as KV grows: bound k first

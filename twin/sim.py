@@ -10,10 +10,14 @@ import simpy
 
 from twin.config import Capacity, ServerArgs, derive_capacity
 from twin.errors import ConfigError
+from twin.inputs import COUNT, FINITE, NON_NEGATIVE, POSITIVE, Rule, check, check_optional
 from twin.memory import make_allocator
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
+from twin.outputs import atomic_write_text, atomic_writer
 from twin.perf import StepTimeModel, make_step_time
-from twin.policy import Policy, make_policy
+from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spec
+from twin.policy import build_policy as build_from_spec
+from twin.policy.sglang import CacheAware
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
 from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.source import Source
@@ -43,8 +47,14 @@ class SimConfig:
     # compaction of the KV allocator (the users: every 100 requests or above 25%)
     defrag_every: int | None = None
     defrag_threshold: float | None = None
+    # requests carry SGLang's `ignore_eos` (servetwin's live replay sends it: output lengths
+    # are exact); False models clients that stop at EOS: running requests then reserve
+    # only `new_token_ratio` of their remaining tokens (SGLang's rule)
+    ignore_eos: bool = True
+    policy: str | None = None  # --policy: a name or a spec file; None: from server args
 
     def __post_init__(self) -> None:
+        _check_numbers(self)
         if self.preemption_mode not in ("off", *MODES):
             raise ConfigError(f"--preemption-mode {self.preemption_mode!r}: allowed values: "
                               f"off, {', '.join(MODES)}")
@@ -60,6 +70,29 @@ class SimConfig:
             raise ConfigError(f"--host-kv-bytes {self.host_kv_bytes}: must be >= 0")
 
 
+# The twin-only numbers, by flag: finite, integral where they count, in range.
+_NUMBER_RULES = {
+    "horizon_s": ("--horizon", POSITIVE),
+    "sample_every_s": ("sample_every_s", POSITIVE),
+    "buddy_min_block_bytes": ("--buddy-min-block", Rule(lo=1, hi=2**50)),
+    "kv_reserve_fraction": ("--kv-reserve-fraction", Rule(lo=0, hi=1, hi_open=True)),
+    "time_slice_ms": ("--time-slice-ms", POSITIVE),
+    "preemption_threshold": ("--preemption-threshold", FINITE),
+    "swap_min_tokens": ("--swap-min-tokens", COUNT),
+    "host_kv_bytes": ("--host-kv-bytes", NON_NEGATIVE),
+    "defrag_every": ("--defrag-every", COUNT),
+    "defrag_threshold": ("--defrag-threshold", Rule(lo=0, hi=1, hi_open=True)),
+}
+
+
+def _check_numbers(cfg: SimConfig) -> None:
+    for name, (flag, rule) in _NUMBER_RULES.items():
+        check_optional(flag, getattr(cfg, name), rule)
+    w = cfg.priority_weights
+    for part in ("tier", "wait", "speed"):
+        check(f"--priority-weights {part}", getattr(w, part), NON_NEGATIVE)
+
+
 @dataclass
 class SimResult:
     records: list[dict]
@@ -72,8 +105,8 @@ class SimResult:
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_records(out / "requests.jsonl", self.records)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        with (out / "timeseries.csv").open("w") as fh:
+        atomic_write_text(out / "summary.json", json.dumps(self.summary, indent=2) + "\n")
+        with atomic_writer(out / "timeseries.csv") as fh:
             fh.write(",".join(SERIES_FIELDS) + "\n")
             for row in self.series:
                 fh.write(",".join(str(x) for x in row) + "\n")
@@ -104,27 +137,53 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     name = cfg.kv_allocator
     if name == "token" and cfg.args.page_size > 1:
         name = "paged"  # SGLang's pool with --page-size > 1 allocates whole pages
-    alloc = make_allocator(name, cap.max_total_num_tokens, page_size=cfg.args.page_size,
-                           bytes_per_token=cap.kv_bytes_per_token,
-                           min_block_bytes=cfg.buddy_min_block_bytes,
-                           reserve_fraction=cfg.kv_reserve_fraction)
+    try:
+        alloc = make_allocator(name, cap.max_total_num_tokens, page_size=cfg.args.page_size,
+                               bytes_per_token=cap.kv_bytes_per_token,
+                               min_block_bytes=cfg.buddy_min_block_bytes,
+                               reserve_fraction=cfg.kv_reserve_fraction)
+    except ValueError as exc:  # a setting the allocator cannot work with, explained
+        raise ConfigError(f"--kv-allocator {name}: {exc}") from None
     rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
                   debug_checks=cfg.debug_checks,
                   swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes),
-                  defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold))
+                  defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold),
+                  ignore_eos=cfg.ignore_eos)
     return rep, getattr(st, "name", backend)
 
 
 def build_policy(cfg: SimConfig) -> Policy:
+    """`--policy SPEC` (a name or a JSON/YAML spec file), else the users' scheduler when
+    `--preemption-mode` is on, else SGLang's `--schedule-policy`. Server arguments
+    (priority scheduling, its preemption threshold, low values first) reach every policy
+    that takes them; a spec's own params win."""
+    a = cfg.args
+    server = dict(priority_scheduling=a.enable_priority_scheduling,
+                  low_values_first=a.schedule_low_priority_values_first,
+                  preemption_threshold=a.priority_scheduling_preemption_threshold)
+    if cfg.policy:
+        if cfg.preemption_mode != "off":
+            raise ConfigError(f"--policy {cfg.policy} and --preemption-mode "
+                              f"{cfg.preemption_mode}: give one (the users' scheduler is "
+                              f"the policy 'slices')")
+        try:
+            return build_from_spec(read_spec(cfg.policy), **server)
+        except PolicyError as exc:
+            raise ConfigError(f"--policy: {exc}") from None
     if cfg.preemption_mode != "off":
         return SlicePolicy(mode=cfg.preemption_mode, time_slice_ms=cfg.time_slice_ms,
                            weights=cfg.priority_weights,
                            score_threshold=cfg.preemption_threshold)
-    return make_policy(cfg.args.schedule_policy,
-                       priority_scheduling=cfg.args.enable_priority_scheduling,
-                       low_values_first=cfg.args.schedule_low_priority_values_first,
-                       preemption_threshold=cfg.args.priority_scheduling_preemption_threshold)
+    name = a.schedule_policy
+    if a.disable_radix_cache and isinstance(policy_class(name), type) and issubclass(
+            policy_class(name), CacheAware):
+        if name == "shortest-prefill-first":
+            raise ConfigError("--schedule-policy shortest-prefill-first: SGLang refuses it "
+                              "without the radix cache (\"Experimental "
+                              "shortest-prefill-first requires prefix caching\")")
+        name = "fcfs"  # SGLang: cache-aware policies become fcfs without the radix cache
+    return make_policy(name, **server)
 
 
 def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
