@@ -18,6 +18,7 @@ from calibration.derive import (
 from calibration.profile import ServerLimits
 from calibration.session import CalibrationError
 from twin.errors import ServetwinError
+from twin.inputs import read_text, text_lines
 
 
 def _samples(lines: list[Timeline], info: dict) -> list[dict]:
@@ -48,18 +49,15 @@ def from_bench_serving(path: Path) -> tuple[list[dict], dict]:
     """(samples, server info) of every run in a `bench_serving --output-details` file."""
     samples: list[dict] = []
     info: dict = {}
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CalibrationError(f"{path}: {exc.strerror or exc}") from None
-    for line_no, line in enumerate(text.splitlines(), 1):
+    for line_no, line in enumerate(text_lines(read_text(path, "--from-bench-serving")), 1):
         if not line.strip():
             continue
         try:
             run = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise CalibrationError(f"{path}:{line_no}: not JSON") from None
-        if not isinstance(run.get("input_lens"), list) or "ttfts" not in run:
+        if not isinstance(run, dict) or not isinstance(run.get("input_lens"), list) \
+                or "ttfts" not in run:
             raise CalibrationError(f"{path}:{line_no}: not a bench_serving --output-details "
                                    "run (no input_lens / ttfts)")
         info = run.get("server_info") or info

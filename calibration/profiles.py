@@ -97,7 +97,9 @@ def build_profile(samples: Sequence[dict], info: dict, sources: list[str],
 
 def write_profile(path: Path, profile: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=2) + "\n")
+    from twin.outputs import atomic_write_text
+
+    atomic_write_text(path, json.dumps(profile, indent=2) + "\n")
 
 
 def read_profile(path: Path) -> dict:

@@ -65,4 +65,6 @@ def write_report(path: Path, live: Sequence[dict], twin: Sequence[dict], title: 
             f"</title></head><body><h2>{html.escape(title)}</h2><pre>{html.escape(table)}</pre>"
             f"{body}</body></html>")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    from twin.outputs import atomic_write_text
+
+    atomic_write_text(path, page)

@@ -192,12 +192,15 @@ def format_step_check(check: dict, rescaled: Comparison | None = None) -> str:
 def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
     from calibration.report import write_report
     from twin.metrics import summarize, write_records
+    from twin.outputs import atomic_write_text
 
     (out / "twin").mkdir(parents=True, exist_ok=True)
     write_records(out / "twin" / "requests.jsonl", v.twin_records)
-    (out / "twin" / "summary.json").write_text(json.dumps(summarize(v.twin_records), indent=2))
-    (out / "fidelity.md").write_text(f"Workload `{v.workload}`; profile `{profile_path}`; twin "
-                                     f"step time: {v.backend}\n\n{v.markdown()}\n\n"
-                                     f"{format_step_check(v.step_check, v.rescaled)}\n")
+    atomic_write_text(out / "twin" / "summary.json",
+                      json.dumps(summarize(v.twin_records), indent=2))
+    atomic_write_text(out / "fidelity.md",
+                      f"Workload `{v.workload}`; profile `{profile_path}`; twin step time: "
+                      f"{v.backend}\n\n{v.markdown()}\n\n"
+                      f"{format_step_check(v.step_check, v.rescaled)}\n")
     write_report(out / "report.html", v.live_records, v.twin_records,
                  f"servetwin fidelity: {v.workload}", v.table())

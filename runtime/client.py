@@ -40,6 +40,7 @@ from runtime.recording import StreamLog
 from runtime.server_api import ReplayError, ServerFacts, flush_cache, probe, snapshot
 from runtime.token_ids import SegmentTokens
 from twin.metrics import summarize, write_records
+from twin.outputs import atomic_write_text
 from twin.workload import Request, Workload
 
 
@@ -100,11 +101,11 @@ class ReplayResult:
         write_records(out / "requests.jsonl", self.records)
         summary = summarize(self.records)
         summary["engine"] = {"live": self.meta["url"], "version": self.meta.get("version")}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (out / "replay.json").write_text(json.dumps(self.meta, indent=2) + "\n")
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(out / "replay.json", json.dumps(self.meta, indent=2) + "\n")
         for when, snap in self.snapshots.items():
-            (out / f"server_info_{when}.json").write_text(snap["server_info"])
-            (out / f"metrics_{when}.prom").write_text(snap["metrics"])
+            atomic_write_text(out / f"server_info_{when}.json", snap["server_info"])
+            atomic_write_text(out / f"metrics_{when}.prom", snap["metrics"])
 
     def check(self) -> None:
         """Raise `ReplayError` when the replay stopped early or the client was too late."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from pathlib import Path
@@ -86,15 +87,20 @@ def add_workload_args(parser: argparse.ArgumentParser, default: str | None = Non
 def workload_from(ns: argparse.Namespace, default: str | None = None):
     """The workload the `add_workload_args` flags name; `default` when neither is given."""
     from twin.errors import ConfigError
+    from twin.inputs import SEED, check
     from twin.traces import formats, load_trace
     from twin.workload import get_workload
 
     if ns.trace is not None and ns.workload is not None or (
             ns.trace is None and ns.workload is None and default is None):
         raise ConfigError("give exactly one of --workload SPEC and --trace FILE")
+    check("--seed", ns.seed, SEED)
     if ns.trace is not None:
         if not ns.trace_format:
             raise ConfigError(f"--trace needs --trace-format ({', '.join(formats())})")
-        return load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
-                          offset_s=ns.trace_offset, limit=ns.trace_limit)
+        workload = load_trace(ns.trace, ns.trace_format, time_scale=ns.trace_time_scale,
+                              offset_s=ns.trace_offset, limit=ns.trace_limit)
+        for note in workload.notes:
+            print(f"servetwin: warning: {note}", file=sys.stderr)
+        return workload
     return get_workload(ns.workload or default, ns.seed)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from servetwin.args import add_workload_args, workload_from
 from twin.errors import ConfigError
+from twin.outputs import atomic_write_text, check_out_dir
 from twin.workload import SPEC_HELP
 
 
@@ -43,9 +44,14 @@ def register_replay(sub) -> None:
 def run_replay(ns: argparse.Namespace) -> int:
     from runtime.client import ReplayConfig, replay
     from runtime.server_api import ReplayError, probe
+    from twin.inputs import COUNT, POSITIVE, check, check_optional
     from twin.metrics import format_summary, summarize
 
     workload = workload_from(ns)
+    check("--max-lateness-ms", ns.max_lateness_ms, POSITIVE)
+    check("--request-timeout", ns.request_timeout, POSITIVE)
+    check_optional("--vocab-size", ns.vocab_size, COUNT)
+    check_out_dir(ns.out)
     url = ns.url.rstrip("/")
     cfg = ReplayConfig(url=url, seed=ns.seed, max_lateness_s=ns.max_lateness_ms / 1e3,
                        request_timeout_s=ns.request_timeout, vocab_size=ns.vocab_size,
@@ -75,7 +81,7 @@ def run_replay(ns: argparse.Namespace) -> int:
 def _write_empty(out: Path) -> None:
     """An unreachable server still leaves an (empty) record file: nothing was sent."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "requests.jsonl").write_text("")
+    atomic_write_text(out / "requests.jsonl", "")
 
 
 def _print_header(workload, facts) -> None:

@@ -13,6 +13,7 @@ import logging
 from twin.config import KV_CACHE_DTYPES, QUANTIZATIONS, ServerArgs, derive_capacity
 from twin.errors import ConfigError
 from twin.hardware import GIB, GPUS
+from twin.inputs import MAX_TOKENS, TOKENS, Rule, check
 
 
 def register(subparsers) -> None:
@@ -50,6 +51,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+MAX_BATCH = Rule(integer=True, lo=1, hi=2**20)  # requests in one --decode item
+
+
 def parse_prefill(text: str) -> list[tuple[int, int]]:
     chunks = []
     for item in filter(None, (t.strip() for t in text.split(","))):
@@ -65,7 +69,8 @@ def parse_decode(text: str) -> list[int]:
         count, sep, kv = item.partition("x")
         if not sep:
             raise ConfigError(f"--decode {item!r}: expected COUNTxKV, e.g. 32x2048")
-        lens += [_count(kv, "--decode", item)] * _count(count, "--decode", item)
+        n = check(f"--decode {item!r}: count", _count(count, "--decode", item), MAX_BATCH)
+        lens += [_count(kv, "--decode", item)] * int(n)
     return lens
 
 
@@ -74,8 +79,9 @@ def _count(text: str, flag: str, item: str, zero: bool = False) -> int:
         value = int(text)
     except ValueError:
         raise ConfigError(f"{flag} {item!r}: {text!r} is not an integer") from None
-    if value < (0 if zero else 1):
-        raise ConfigError(f"{flag} {item!r}: {value} must be >= {0 if zero else 1}")
+    if not (0 if zero else 1) <= value <= MAX_TOKENS:
+        raise ConfigError(f"{flag} {item!r}: {value} must be in [{0 if zero else 1}, "
+                          f"{MAX_TOKENS}]")
     return value
 
 
@@ -90,6 +96,8 @@ def run(ns: argparse.Namespace) -> int:
         chunked_prefill_size=ns.chunked_prefill_size, kv_cache_dtype=ns.kv_cache_dtype,
         quantization=ns.quantization, disable_cuda_graph=ns.disable_cuda_graph,
         cuda_graph_max_bs_decode=ns.cuda_graph_max_bs_decode)
+    check("--prompt-len", ns.prompt_len, TOKENS)
+    check("--output-len", ns.output_len, TOKENS)
     chunks, decode = parse_prefill(ns.prefill), parse_decode(ns.decode)
     if not chunks and not decode:
         decode = [ns.prompt_len + ns.output_len // 2] * 32

@@ -199,7 +199,7 @@ def test_malformed_trace_names_file_line_and_field(tmp_path, capsys):
                  "--trace-format", "jsonl", "--out", str(out)])
     assert code == 2
     err = capsys.readouterr().err
-    assert f"{trace}:2: field 'prompt_tokens': not an integer" in err
+    assert f"{trace}:2: field 'prompt_tokens': 'many' is not an integer" in err
     assert not (out / "requests.jsonl").exists()  # read before anything is sent
 
 

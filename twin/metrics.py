@@ -94,6 +94,12 @@ class SLO:
     tpot_s: float | None = None
     e2e_s: float | None = None
 
+    def __post_init__(self) -> None:
+        from twin.inputs import POSITIVE, check_optional
+
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            check_optional(f"--slo-{key[:-2]}", getattr(self, key), POSITIVE)
+
     def met(self, rec: dict) -> bool:
         if rec["status"] != "ok":
             return False
@@ -152,28 +158,58 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
 
 
 def write_records(path: Path, records: Sequence[dict]) -> None:
-    with path.open("w") as fh:
+    """One JSON line per record, written atomically: an interrupted write leaves the old
+    file (or none), never a half-written one that reads as whole."""
+    from twin.outputs import atomic_writer
+
+    with atomic_writer(path) as fh:
         for rec in records:
             fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
 
 def read_records(path: Path) -> list[dict]:
+    """Records of a `requests.jsonl`, each checked for the schema's fields and types."""
     from twin.errors import TraceError
+    from twin.inputs import read_text, text_lines
 
     out = []
-    with path.open() as fh:
-        for line_no, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(str(path), line_no, "<line>", f"not JSON: {exc.msg}") from None
-            missing = [f for f in RECORD_FIELDS if f not in rec]
-            if missing:
-                raise TraceError(str(path), line_no, missing[0], "missing from the record")
-            out.append(rec)
+    for line_no, text in enumerate(text_lines(read_text(path, "records")), 1):
+        if not text.strip():
+            continue
+        try:
+            rec = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise TraceError(str(path), line_no, "<line>", f"not JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise TraceError(str(path), line_no, "<line>", "not a JSON object")
+        missing = [f for f in RECORD_FIELDS if f not in rec]
+        if missing:
+            raise TraceError(str(path), line_no, missing[0], "missing from the record")
+        bad = _bad_record_field(rec)
+        if bad:
+            raise TraceError(str(path), line_no, bad, f"{rec[bad]!r} is not a valid value")
+        out.append(rec)
     return out
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _bad_record_field(rec: dict) -> str | None:
+    """The first field of `rec` with a value of the wrong type, or None."""
+    if rec["status"] not in STATUSES:
+        return "status"
+    if not isinstance(rec["rid"], str):
+        return "rid"
+    if rec["itl_s"] is not None and not (isinstance(rec["itl_s"], list)
+                                         and all(map(_number, rec["itl_s"]))):
+        return "itl_s"
+    for key in RECORD_FIELDS:
+        if key not in ("rid", "status", "error", "itl_s") and not (
+                rec[key] is None or _number(rec[key])):
+            return key
+    return None
 
 
 SERIES_FIELDS = ("t_s", "running", "waiting", "kv_stored_tokens", "kv_allocated_tokens",

@@ -10,6 +10,8 @@ file, line and field.
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -17,6 +19,20 @@ from datetime import datetime
 from pathlib import Path
 
 from twin.errors import ConfigError, TraceError
+from twin.inputs import (
+    COUNT,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    NON_NEGATIVE,
+    POSITIVE,
+    PRIORITY,
+    TOKENS,
+    Rule,
+    check,
+    check_field,
+    read_text,
+    text_lines,
+)
 from twin.registry import Registry
 from twin.workload import Request, SegmentIds, Workload
 
@@ -30,67 +46,62 @@ def formats() -> list[str]:
     return READERS.names()
 
 
-def _int(path: Path, line: int, row: dict, key: str, minimum: int = 0) -> int:
-    if key not in row:
-        raise TraceError(str(path), line, key, "missing")
-    value = row[key]
-    try:
-        out = int(value)
-        if isinstance(value, float) and value != out:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise TraceError(str(path), line, key, f"not an integer: {value!r}") from None
-    if out < minimum:
-        raise TraceError(str(path), line, key, f"{out} is below {minimum}")
-    return out
+def _int(path: Path, line: int, row: dict, key: str) -> int:
+    """A token count."""
+    return int(check_field(path, line, row, key, TOKENS))
 
 
 def _float(path: Path, line: int, row: dict, key: str) -> float:
-    try:
-        out = float(row[key])
-    except KeyError:
-        raise TraceError(str(path), line, key, "missing") from None
-    except (TypeError, ValueError):
-        raise TraceError(str(path), line, key, f"not a number: {row[key]!r}") from None
-    if not math.isfinite(out) or out < 0:
-        raise TraceError(str(path), line, key, f"must be a finite number >= 0, got {out}")
-    return out
+    return float(check_field(path, line, row, key, Rule(lo=0, hi=MAX_TIME_S * 1000)))
 
 
 def _json_lines(path: Path):
-    with path.open() as fh:
-        for line_no, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(str(path), line_no, "<line>", f"not JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise TraceError(str(path), line_no, "<line>", "not a JSON object")
-            yield line_no, row
+    for line_no, text in enumerate(text_lines(read_text(path, "--trace")), 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            raise TraceError(str(path), line_no, "<line>", f"not JSON: {msg}") from None
+        if not isinstance(row, dict):
+            raise TraceError(str(path), line_no, "<line>", "not a JSON object")
+        yield line_no, row
+
+
+def _csv_rows(path: Path):
+    """(line number, row) of a CSV file with a header."""
+    rows = csv.DictReader(io.StringIO(read_text(path, "--trace"), newline=""))
+    try:
+        header = rows.fieldnames or []
+        for field in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
+            if field not in header:
+                raise TraceError(str(path), 1, field, "missing from the CSV header")
+        for row in rows:
+            yield rows.line_num, row
+    except csv.Error as exc:
+        raise TraceError(str(path), rows.line_num, "<line>", f"not CSV: {exc}") from None
 
 
 @reader("azure")
 def read_azure(path: Path) -> Workload:
-    ids, requests, t0 = SegmentIds(), [], None
-    with path.open(newline="") as fh:
-        rows = csv.DictReader(fh)
-        for field in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
-            if field not in (rows.fieldnames or []):
-                raise TraceError(str(path), 1, field, "missing from the CSV header")
-        for line_no, row in enumerate(rows, 2):
-            try:
-                ts = datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
-            except (TypeError, ValueError):
-                raise TraceError(str(path), line_no, "TIMESTAMP",
-                                 f"not a timestamp: {row['TIMESTAMP']!r}") from None
-            t0 = ts if t0 is None else t0
-            prompt = _int(path, line_no, row, "ContextTokens", 1)
-            out = _int(path, line_no, row, "GeneratedTokens", 1)
-            requests.append(Request.make(f"az{line_no - 2}", ts - t0,
-                                         [(ids.unique(), prompt)], out))
-    return Workload(path.name, tuple(requests), description=f"azure trace {path}")
+    """Arrival times relative to the earliest row (rows need not be in time order)."""
+    stamps, lengths = [], []
+    for line_no, row in _csv_rows(path):
+        text = row["TIMESTAMP"]
+        try:
+            ts = datetime.fromisoformat(text[:26]).timestamp()
+        except (TypeError, ValueError, OverflowError, OSError):
+            raise TraceError(str(path), line_no, "TIMESTAMP",
+                             f"not a timestamp: {text!r}") from None
+        stamps.append(ts)
+        lengths.append((_int(path, line_no, row, "ContextTokens"),
+                        _int(path, line_no, row, "GeneratedTokens")))
+    t0 = min(stamps, default=0.0)
+    ids = SegmentIds()
+    requests = tuple(Request.make(f"az{i}", ts - t0, [(ids.unique(), prompt)], out)
+                     for i, (ts, (prompt, out)) in enumerate(zip(stamps, lengths, strict=True)))
+    return Workload(path.name, requests, description=f"azure trace {path}")
 
 
 @reader("mooncake")
@@ -98,10 +109,11 @@ def read_mooncake(path: Path) -> Workload:
     requests = []
     for line_no, row in _json_lines(path):
         t = _float(path, line_no, row, "timestamp") / 1000.0
-        n_in = _int(path, line_no, row, "input_length", 1)
-        out = _int(path, line_no, row, "output_length", 1)
+        n_in = _int(path, line_no, row, "input_length")
+        out = _int(path, line_no, row, "output_length")
         hashes = row.get("hash_ids")
-        if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+        if not isinstance(hashes, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in hashes):
             raise TraceError(str(path), line_no, "hash_ids", "must be a list of integers")
         if math.ceil(n_in / MOONCAKE_BLOCK) != len(hashes):
             raise TraceError(str(path), line_no, "hash_ids",
@@ -128,65 +140,128 @@ def read_bench_serving(path: Path) -> Workload:
     n = len(run["input_lens"])
     if len(run["output_lens"]) != n:
         raise TraceError(str(path), line_no, "output_lens", "length differs from input_lens")
-    rate = run.get("request_rate", float("inf"))
-    rate = float("inf") if rate in (None, "inf", "Infinity") else float(rate)
-    ttfts, itls = run.get("ttfts") or [], run.get("itls") or []
+    rate = _bench_rate(path, line_no, run)
+    ttfts, itls = _bench_list(path, line_no, run, "ttfts"), _bench_list(path, line_no, run, "itls")
     ids, requests, reference = SegmentIds(), [], {}
     for i in range(n):
-        row = {"input_lens": run["input_lens"][i], "output_lens": run["output_lens"][i]}
-        prompt = _int(path, line_no, row, "input_lens", 1)
-        out = _int(path, line_no, row, "output_lens", 1)
+        row = {f"input_lens[{i}]": run["input_lens"][i],
+               f"output_lens[{i}]": run["output_lens"][i]}
+        prompt = _int(path, line_no, row, f"input_lens[{i}]")
+        out = _int(path, line_no, row, f"output_lens[{i}]")
         rid = f"bs{i}"
         t = 0.0 if math.isinf(rate) else i / rate
         requests.append(Request.make(rid, t, [(ids.unique(), prompt)], out))
         if i < len(ttfts):
             reference[rid] = {"ttft_s": ttfts[i], "itl_s": itls[i] if i < len(itls) else None}
     conc = run.get("max_concurrency")
-    return Workload(path.name, tuple(requests), int(conc) if conc else None, reference,
+    if conc is not None:
+        conc = int(check_field(path, line_no, run, "max_concurrency", COUNT))
+    return Workload(path.name, tuple(requests), conc, reference,
                     description=f"bench_serving run (line {line_no}) of {path}")
+
+
+def _bench_rate(path: Path, line_no: int, run: dict) -> float:
+    """The run's request rate: inf (everything at once) when absent, null or "inf"."""
+    rate = run.get("request_rate")
+    if rate is None or rate in ("inf", "Infinity") or rate == float("inf"):
+        return float("inf")
+    return float(check_field(path, line_no, run, "request_rate", POSITIVE))
+
+
+def _bench_list(path: Path, line_no: int, run: dict, key: str) -> list:
+    """`ttfts` (seconds per request) or `itls` (a list of seconds per request); null
+    entries allowed."""
+    values = run.get(key) or []
+    if key == "itls":
+        ok = isinstance(values, list) and all(
+            v is None or isinstance(v, list) and all(map(_seconds, v)) for v in values)
+    else:
+        ok = isinstance(values, list) and all(v is None or _seconds(v) for v in values)
+    if not ok:
+        what = "lists of seconds >= 0" if key == "itls" else "seconds >= 0"
+        raise TraceError(str(path), line_no, key, f"must be a list of {what} (or null)")
+    return values
+
+
+def _seconds(value: object) -> bool:
+    if isinstance(value, str):
+        return False
+    try:
+        NON_NEGATIVE.parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 @reader("jsonl")
 def read_jsonl(path: Path) -> Workload:
     """One request per line: `rid`, `arrival_s`, `output_tokens`, optional `priority`, and
-    either `segments` ([[hash, n_tokens], ...]) or `prompt_tokens`."""
-    ids, requests = SegmentIds(), []
+    either `segments` ([[hash, n_tokens], ...]) or `prompt_tokens`. A `rid` given twice
+    (or null) is refused: records are keyed by it."""
+    ids, requests, seen = SegmentIds(), [], {}
     for line_no, row in _json_lines(path):
         t = _float(path, line_no, row, "arrival_s")
-        out = _int(path, line_no, row, "output_tokens", 1)
-        prio = _int(path, line_no, row, "priority", -(2**31)) if "priority" in row else 0
+        out = _int(path, line_no, row, "output_tokens")
+        prio = int(check_field(path, line_no, row, "priority", PRIORITY)) \
+            if "priority" in row else 0
         segs = row.get("segments")
         if segs is not None:
             if not (isinstance(segs, list) and segs and all(
-                    isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) for x in s)
-                    and s[1] > 0 for s in segs)):
+                    isinstance(s, list) and len(s) == 2 and all(
+                        isinstance(x, int) and not isinstance(x, bool) for x in s)
+                    and 0 < s[1] <= MAX_TOKENS for s in segs)):
                 raise TraceError(str(path), line_no, "segments",
-                                 "must be a non-empty list of [hash, n_tokens>0] pairs")
+                                 f"must be a non-empty list of [hash, n_tokens] pairs, "
+                                 f"n_tokens in [1, {MAX_TOKENS}]")
         else:
-            segs = [(ids.unique(), _int(path, line_no, row, "prompt_tokens", 1))]
-        rid = str(row.get("rid", f"j{line_no}"))
+            segs = [(ids.unique(), _int(path, line_no, row, "prompt_tokens"))]
+        rid = _rid(path, line_no, row, seen)
         requests.append(Request.make(rid, t, segs, out, prio))
     return Workload(path.name, tuple(requests), description=f"jsonl trace {path}")
+
+
+def _rid(path: Path, line_no: int, row: dict, seen: dict[str, int]) -> str:
+    if "rid" not in row:
+        rid = f"j{line_no}"
+    elif isinstance(row["rid"], str) and row["rid"] or (
+            isinstance(row["rid"], int) and not isinstance(row["rid"], bool)):
+        rid = str(row["rid"])
+    else:
+        raise TraceError(str(path), line_no, "rid",
+                         f"{row['rid']!r}: must be a non-empty string or an integer")
+    if rid in seen:
+        raise TraceError(str(path), line_no, "rid",
+                         f"{rid!r} is also the rid at line {seen[rid]}; rids must be unique")
+    seen[rid] = line_no
+    return rid
 
 
 def load_trace(path: str | Path, fmt: str, *, time_scale: float = 1.0, offset_s: float = 0.0,
                limit: int | None = None) -> Workload:
     """Read a trace; keep requests from `offset_s` seconds in, shifted to start at 0, gaps
-    multiplied by `time_scale`, at most `limit` of them."""
+    multiplied by `time_scale`, at most `limit` of them. Rows out of time order are sorted
+    (the workload's `notes` say so), never dropped."""
     read = READERS.get(fmt)
-    if time_scale <= 0:
-        raise ConfigError(f"--trace-time-scale {time_scale}: must be > 0")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--trace-limit {limit}: must be >= 1")
+    time_scale = float(check("--trace-time-scale", time_scale, Rule(lo=0, lo_open=True, hi=1e6)))
+    offset_s = float(check("--trace-offset", offset_s, Rule(lo=0, hi=MAX_TIME_S)))
+    limit = None if limit is None else int(check("--trace-limit", limit, COUNT))
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--trace {path}: no such file")
     w = read(p)
+    notes = list(w.notes)
+    late = sum(b.arrival_s < a.arrival_s for a, b in itertools.pairwise(w.requests))
+    if late:
+        notes.append(f"{path}: {late} row(s) earlier than the row before them; requests "
+                     "sorted by arrival time (file order breaks ties)")
     reqs = sorted(w.requests, key=lambda r: r.arrival_s)  # stable: file order breaks ties
     reqs = [r for r in reqs if r.arrival_s >= offset_s][:limit]
     if not reqs:
         raise ConfigError(f"--trace {path}: no request at or after --trace-offset {offset_s}")
     reqs = [Request(r.rid, (r.arrival_s - offset_s) * time_scale, r.segments, r.output_tokens,
                     r.priority, r.prompt_tokens) for r in reqs]
+    if reqs[-1].arrival_s > MAX_TIME_S:
+        raise ConfigError(f"--trace {path}: arrivals span {reqs[-1].arrival_s:.3g} s after "
+                          f"--trace-time-scale; at most {MAX_TIME_S:g} s")
     ref = {r.rid: w.reference[r.rid] for r in reqs if r.rid in w.reference}
-    return Workload(w.name, tuple(reqs), w.concurrency, ref, w.description)
+    return Workload(w.name, tuple(reqs), w.concurrency, ref, w.description, tuple(notes))

@@ -31,6 +31,7 @@ import numpy as np
 
 from twin.config import Capacity, ServerArgs
 from twin.errors import ConfigError
+from twin.inputs import NON_NEGATIVE, read_text
 from twin.perf import PrefillChunk, StepTimeModel, register_backend
 
 TERMS = ("step", "prefill_token", "prefill_token_ctx", "prefill_ctx_sq", "prefill_request",
@@ -63,9 +64,7 @@ class LinearStepTime:
         if unknown:
             raise ConfigError(f"calibration profile: unknown step-time terms {unknown}; "
                               f"known: {', '.join(TERMS)}")
-        self.coef = np.array([float(coefficients.get(t, 0.0)) for t in TERMS])
-        if (self.coef < 0).any():
-            raise ConfigError("calibration profile: step-time coefficients must be >= 0")
+        self.coef = np.array([_coefficient(coefficients, t) for t in TERMS])
         self.tp_size, self.label = tp_size, label
 
     def breakdown(self, prefill_chunks: Sequence[PrefillChunk],
@@ -98,8 +97,8 @@ class CorrectedStepTime:
 
     def __init__(self, base: StepTimeModel, offset_s: float, scale: float,
                  label: str = "") -> None:
-        if offset_s < 0 or scale < 0:
-            raise ConfigError("calibration profile: correction terms must be >= 0")
+        offset_s = _coefficient({"offset": offset_s}, "offset")
+        scale = _coefficient({"scale": scale}, "scale")
         self.base, self.offset, self.scale, self.label = base, offset_s, scale, label
 
     def breakdown(self, prefill_chunks: Sequence[PrefillChunk],
@@ -121,6 +120,16 @@ class CorrectedStepTime:
                 f"{self.scale:.3g} x [{self.base.describe()}]")
 
 
+def _coefficient(coefficients: dict, term: str) -> float:
+    """A coefficient of the profile's `step_time` section: a finite number >= 0 (s)."""
+    value = coefficients.get(term, 0.0)
+    try:
+        return float(NON_NEGATIVE.parse(value))
+    except ValueError as exc:
+        raise ConfigError(f"calibration profile: step_time coefficient {term} = {value!r}: "
+                          f"must be {exc}") from None
+
+
 def base_model(name: str, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
     """The uncalibrated backend a correction applies to."""
     if name == "roofline-cpu":
@@ -137,28 +146,51 @@ def base_model(name: str, capacity: Capacity, args: ServerArgs) -> StepTimeModel
 def from_step_time_section(section: dict, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
     """The model a profile's `step_time` section describes."""
     form = section.get("form")
-    label = section.get("label", "")
+    label = str(section.get("label", ""))
+    coefficients = section.get("coefficients")
+    if form in FORMS and not isinstance(coefficients, dict):
+        raise ConfigError("calibration profile: step_time.coefficients must be an object of "
+                          "term: seconds")
     if form == "linear":
-        return LinearStepTime(section["coefficients"], capacity.tp_size, label)
+        return LinearStepTime(coefficients, capacity.tp_size, label)
     if form == "roofline-correction":
-        c = section["coefficients"]
+        missing = [k for k in ("offset", "scale") if k not in coefficients]
+        if missing or not isinstance(section.get("base"), str):
+            raise ConfigError("calibration profile: a roofline-correction step_time needs "
+                              "coefficients offset and scale and a base backend name")
         return CorrectedStepTime(base_model(section["base"], capacity, args),
-                                 c["offset"], c["scale"], label)
+                                 coefficients["offset"], coefficients["scale"], label)
     raise ConfigError(f"calibration profile: step_time form {form!r}; known: {', '.join(FORMS)}")
 
 
 def load_profile(path: str | Path) -> dict:
     """A calibration profile (JSON), checked for a `step_time` section."""
+    text = read_text(path, "--calibration")
     try:
-        profile = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"--calibration {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+        profile = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"--calibration {path}: not JSON ({exc})") from None
     if not isinstance(profile, dict) or not isinstance(profile.get("step_time"), dict):
         raise ConfigError(f"--calibration {path}: not a servetwin calibration profile "
                           "(no 'step_time' section)")
     return profile
+
+
+def profile_mismatches(profile: dict, args: ServerArgs) -> list[str]:
+    """What differs between the server a profile measured and the one simulated: the step
+    times then describe another deployment (the CLI warns)."""
+    model = profile.get("model") if isinstance(profile.get("model"), dict) else {}
+    device = profile.get("device") if isinstance(profile.get("device"), dict) else {}
+    out = []
+    name = model.get("name")
+    if name and Path(str(name)).name != Path(args.model_path).name:
+        out.append(f"the calibration profile measured model {name}, the twin simulates "
+                   f"{args.model_path}")
+    tp = device.get("tp_size")
+    if tp is not None and tp != args.tp_size:
+        out.append(f"the calibration profile measured tp_size {tp}, the twin simulates "
+                   f"--tp-size {args.tp_size}")
+    return out
 
 
 def profile_step_time(path: str | Path, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
