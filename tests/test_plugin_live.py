@@ -1,0 +1,144 @@
+"""servetwin's SGLang plugin in the real CPU SGLang server (docs/plugin.md).
+
+Three servers, one per module fixture (a start is 20-35 s on the 2-core machine):
+- `fault_server`: the `fault-mix` policy (raises, non-permutation, slow and bogus victims
+  in turn) with priority scheduling, so preemption questions arise;
+- `lof_server`: `lof` through the plugin on an fcfs server (not native: the plugin sorts);
+- `native_server`: `priority` on an fcfs server with priority scheduling (native: SGLang
+  sorts and preempts, the plugin only logs), the fcfs baseline for the same workload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from runtime.plugin.decisions import policy_from_header, read_lines, replay
+
+pytestmark = pytest.mark.live
+
+FLAGS = ["--schedule-policy", "fcfs", "--max-running-requests", "2"]
+PRIORITY_FLAGS = [*FLAGS, "--enable-priority-scheduling", "--default-priority-value", "0"]
+# (max_new_tokens, priority) in send order, 30 ms apart; the first two take both slots
+BURST = [(24, 0), (48, 0), (8, 0), (40, 0), (16, 0), (32, 0)]
+# two low-priority requests hold the slots; the high-priority ones must preempt them
+PREEMPT = [(60, 0), (60, 0), (10, 50), (10, 50)]
+
+
+class PluginServer:
+    def __init__(self, server, log: Path) -> None:
+        self.server, self.log = server, log
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def counters(self) -> dict:
+        return json.loads(Path(str(self.log) + ".counters.json").read_text())
+
+    def server_log(self) -> str:
+        return self.server.log_path.read_text(errors="replace")
+
+
+def _start(tmp_path_factory, spec: str, flags: list[str], faults: bool = False):
+    if os.environ.get("SERVETWIN_NO_LIVE") == "1":
+        pytest.skip("live SGLang tests switched off by SERVETWIN_NO_LIVE=1")
+    from runtime.cpu.install import ensure_plugin, require_harness
+    from runtime.cpu.serve import CpuServer
+    from runtime.plugin.env import plugin_env
+
+    ensure_plugin(require_harness(), log=lambda line: None)
+    d = tmp_path_factory.mktemp(spec)
+    log = d / "decisions.jsonl"
+    env = plugin_env(spec, log, faults=faults)
+    return CpuServer(flags, env=env, log_path=d / "server.log"), log
+
+
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory):
+    server, log = _start(tmp_path_factory, "fault-mix", PRIORITY_FLAGS, faults=True)
+    with server:
+        yield PluginServer(server, log)
+
+
+@pytest.fixture(scope="module")
+def lof_server(tmp_path_factory):
+    server, log = _start(tmp_path_factory, "lof", FLAGS)
+    with server:
+        yield PluginServer(server, log)
+
+
+@pytest.fixture(scope="module")
+def native_server(tmp_path_factory):
+    server, log = _start(tmp_path_factory, "priority", PRIORITY_FLAGS)
+    with server:
+        yield PluginServer(server, log)
+
+
+def send(url: str, plan: list[tuple[int, int]], tag: str, gap_s: float = 0.03) -> list[dict]:
+    """Send the requests `plan` names, `gap_s` apart, and return their `meta_info`s."""
+    from runtime.cpu.serve import post_json
+
+    def one(i: int) -> dict:
+        time.sleep(i * gap_s)
+        out, prio = plan[i]
+        body = {"input_ids": [3 + (7 * i + k) % 4000 for k in range(40)],
+                "rid": f"{tag}-{i}", "priority": prio,
+                "sampling_params": {"max_new_tokens": out, "ignore_eos": True}}
+        return post_json(url + "/generate", body, timeout=120)["meta_info"]
+
+    with ThreadPoolExecutor(len(plan)) as pool:
+        return list(pool.map(one, range(len(plan))))
+
+
+def admission_order(metas: list[dict]) -> list[int]:
+    """Request indices by the time they entered the running batch."""
+    return sorted(range(len(metas)), key=lambda i: metas[i]["forward_entry_time"])
+
+
+def test_fault_policies_fall_back_and_the_server_keeps_serving(fault_server):
+    metas = send(fault_server.url, BURST, "fb") + send(fault_server.url, PREEMPT, "fp")
+    assert [m["finish_reason"]["type"] for m in metas] == ["length"] * len(metas)
+    assert [m["completion_tokens"] for m in metas] == [o for o, _ in BURST + PREEMPT]
+    counters = fault_server.counters()
+    # each kind of fault happened and was counted
+    assert counters["raised"] >= 1 and counters["invalid"] >= 2 and counters["slow"] >= 1
+    log = fault_server.server_log()
+    for what in ("raised at order", "invalid at order", "invalid at preempt"):
+        assert log.count(f"policy 'fault-mix' {what}") == 1, what  # logged once, counted
+    assert log.count("over the 5.0 ms budget") == 1
+    assert "hooks in place" in log and "NOT in place" not in log
+    # the bogus victims fell back to SGLang's own priority preemption
+    assert sum(m["num_retractions"] for m in metas) >= 1
+    outcomes = [d["outcome"] for d in read_lines(fault_server.log) if d["kind"] == "decision"]
+    assert {"raised", "invalid", "applied"} <= set(outcomes)
+    assert outcomes.count("raised") == counters["raised"]
+
+
+def test_lof_through_the_plugin_reorders_the_queue(lof_server, native_server):
+    lof = send(lof_server.url, BURST, "lb")
+    fcfs = send(native_server.url, BURST, "nb")
+    queued = [2, 3, 4, 5]  # the first two are admitted at once
+    assert [i for i in admission_order(lof) if i in queued] == [3, 5, 4, 2]  # longest first
+    assert [i for i in admission_order(fcfs) if i in queued] == queued  # arrival order
+    longest_wait = max(queued, key=lambda i: lof[i]["queue_time"])
+    assert longest_wait == 2  # the 8-token request waits longest under lof
+    assert lof[3]["queue_time"] < fcfs[3]["queue_time"]
+
+
+def test_the_live_decision_log_replays_identically_in_the_twin(lof_server, native_server):
+    send(lof_server.url, BURST, "la")
+    send(native_server.url, PREEMPT, "np")
+    for server, native in ((lof_server, False), (native_server, True)):
+        lines = list(read_lines(server.log))
+        assert lines[0]["kind"] == "header" and lines[0]["native"] is native
+        result = replay(lines, policy_from_header(lines[0]))
+        assert result.decisions >= 5
+        assert result.share == 1.0, result.disagreements
+    questions = [d["question"] for d in read_lines(native_server.log) if d["kind"] == "decision"]
+    assert "preempt" in questions  # SGLang's own priority preemption, reproduced by the twin

@@ -1,0 +1,106 @@
+"""The plugin's pure parts without SGLang: the decision log's JSON round trip, its replay,
+the fault policies' answers and the plugin environment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.plugin import decisions
+from runtime.plugin.env import plugin_env
+from twin.policy.base import Plan
+from twin.policy.check import sample_snapshots, validate_plan
+from twin.policy.registry import PolicyError, build_policy
+
+pytestmark = pytest.mark.offline
+
+
+def test_snapshots_survive_the_json_round_trip_exactly():
+    for snap in sample_snapshots(seed=3, n=40):
+        line = json.dumps(decisions.snapshot_to_json(snap))
+        assert decisions.snapshot_from_json(json.loads(line)) == snap
+
+
+@pytest.mark.parametrize("plan", [Plan(order=(2, 0, 1)), Plan(victims=(1, 0)), Plan(), None])
+def test_plans_survive_the_json_round_trip(plan):
+    assert decisions.plan_from_json(json.loads(json.dumps(decisions.plan_to_json(plan)))) == plan
+
+
+def _log(tmp_path, policy_name: str, plans) -> list[dict]:
+    policy = build_policy(policy_name)
+    path = tmp_path / "d.jsonl"
+    lines = [decisions.header_line({"name": policy_name, "params": {}}, {}, {}, False, 5.0)]
+    for snap, plan in plans(policy):
+        lines.append(decisions.decision_line(snap, plan, "applied", 12.0, False))
+    path.write_text("\n".join(lines) + "\n")
+    return list(decisions.read_lines(path))
+
+
+def test_a_log_of_the_policy_s_own_answers_replays_at_100_percent(tmp_path):
+    snaps = sample_snapshots(seed=1, n=30)
+    lines = _log(tmp_path, "slices", lambda p: [(s, p.decide(s)) for s in snaps])
+    result = decisions.replay(lines, decisions.policy_from_header(lines[0]))
+    assert (result.decisions, result.identical, result.share) == (30, 30, 1.0)
+
+
+def test_replay_reports_disagreements_with_their_line(tmp_path):
+    snaps = [s for s in sample_snapshots(seed=2, n=30) if s.candidate is None
+             and len(s.waiting) >= 2]
+    reversed_plans = [(s, Plan(order=tuple(reversed(range(len(s.waiting)))))) for s in snaps]
+    lines = _log(tmp_path, "fcfs", lambda p: reversed_plans)
+    result = decisions.replay(lines, decisions.policy_from_header(lines[0]), keep=2)
+    assert result.identical == 0 and result.decisions == len(snaps)
+    assert [d[0] for d in result.disagreements] == [2, 3]  # line numbers, header is line 1
+
+
+def test_victims_agree_as_a_set():
+    assert decisions.same_decision("preempt", Plan(victims=(2, 0)), Plan(victims=(0, 2)))
+    assert not decisions.same_decision("order", Plan(order=(1, 0)), Plan(order=(0, 1)))
+
+
+def test_each_fault_policy_breaks_the_contract_its_own_way():
+    from runtime.plugin import faults
+
+    faults.register_all()
+    faults.register_all()  # idempotent
+    order = next(s for s in sample_snapshots() if s.candidate is None and s.waiting)
+    preempt = next(s for s in sample_snapshots() if s.candidate is not None)
+    with pytest.raises(RuntimeError):
+        build_policy("fault-raise").decide(order)
+    assert "permutation" in validate_plan(order, build_policy("fault-nonperm").decide(order))
+    assert "not all in range" in validate_plan(preempt,
+                                               build_policy("fault-victims").decide(preempt))
+    slow = build_policy("fault-slow", sleep_ms=0.0)
+    assert validate_plan(order, slow.decide(order)) is None
+
+
+def test_plugin_env_resolves_spec_files_and_refuses_bad_specs(tmp_path):
+    spec = tmp_path / "p.json"
+    spec.write_text(json.dumps({"name": "slices", "params": {"mode": "conservative"}}))
+    env = plugin_env(str(spec), tmp_path / "d.jsonl", budget_ms=2)
+    assert env == {"SGLANG_PLUGINS": "servetwin", "SERVETWIN_POLICY": str(spec.resolve()),
+                   "SERVETWIN_DECISION_LOG": str((tmp_path / "d.jsonl").resolve()),
+                   "SERVETWIN_POLICY_BUDGET_MS": "2"}
+    with pytest.raises(PolicyError, match="allowed values"):
+        plugin_env("no-such-policy")
+
+
+def test_loading_the_plugin_without_a_policy_imports_nothing():
+    code = ("import sys, runtime.plugin as p; p.load(); "
+            "print(any(m.startswith(('sglang', 'twin', 'runtime.plugin.hooks')) "
+            "for m in sys.modules))")
+    env = {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_decisions_command_prints_the_share(tmp_path, capsys):
+    from servetwin.cli import main
+
+    snaps = sample_snapshots(seed=4, n=10)
+    _log(tmp_path, "fcfs", lambda p: [(s, p.decide(s)) for s in snaps])
+    assert main(["live", "decisions", str(tmp_path / "d.jsonl")]) == 0
+    assert "10 decisions, 10 identical (100.0 %)" in capsys.readouterr().out
