@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 import simpy
@@ -30,10 +31,26 @@ from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
-from twin.source import Source
 from twin.views import view
+from twin.workload import Request
 
-__all__ = ["Counters", "DefragConfig", "Replica", "SwapConfig"]
+__all__ = ["Counters", "DefragConfig", "Feed", "Replica", "SwapConfig"]
+
+
+class Feed(Protocol):
+    """Where a replica's requests come from (a deployment: a source behind a router).
+
+    `pump(now)` hands every request due by `now` to its replica (`Replica.submit`);
+    `next_arrival()` is the time of the next hand-off that may reach this replica (None:
+    none until a request finishes, or ever); `done()` says no request will ever come
+    again; `left(replica, req)` is told of every request that leaves (closed-loop clients
+    send their next one); `unsent()` drains, at the horizon, what was never sent."""
+
+    def pump(self, now: float) -> None: ...
+    def next_arrival(self) -> float | None: ...
+    def done(self) -> bool: ...
+    def left(self, replica: Replica, req: SimRequest) -> None: ...
+    def unsent(self) -> list[tuple[float, Request]]: ...
 
 
 class Replica(KVMemory):
@@ -41,13 +58,16 @@ class Replica(KVMemory):
     request that left (ok, rejected or aborted)."""
 
     def __init__(self, env: simpy.Environment, args: ServerArgs, cap: Capacity,
-                 step_time: StepTimeModel, policy: Policy, source: Source,
+                 step_time: StepTimeModel, policy: Policy, feed: Feed | None,
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
                  sample_every_s: float = 1.0, debug_checks: bool = False,
                  swap: SwapConfig | None = None, defrag: DefragConfig | None = None,
                  decider: Decider | None = None, ignore_eos: bool = True) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
-        self.policy, self.source = policy, source
+        self.policy, self.feed = policy, feed
+        self.name = "replica"
+        self._inbox: list[tuple[float, Request]] = []
+        self._wake = env.event()  # succeeds when a request is submitted to an idle replica
         self.decider = decider or PolicyDecider(policy)
         self.ignore_eos = ignore_eos
         self.alloc = allocator or TokenPool(cap.max_total_num_tokens)
@@ -132,19 +152,41 @@ class Replica(KVMemory):
             else:
                 self.batch_full = False
                 self.new_token_ratio = self.init_ratio  # SGLang re-inits when idle
-                nxt = self.source.next_time()
-                if nxt is None:
-                    if not self.waiting and self.chunked is None:
-                        break
-                    self._reject_stuck()
+                if self._inbox:
                     continue
-                if self.horizon is not None:
-                    nxt = min(nxt, self.horizon)
-                yield self.env.timeout(max(nxt - now, 0.0))
+                if self.waiting or self.chunked is not None:
+                    if self.feed.next_arrival() is None:
+                        self._reject_stuck()
+                        continue
+                elif self.feed.done():
+                    break
+                yield from self._idle(now)
         self._end(self.env.now)
 
+    def submit(self, sent_s: float, req: Request) -> None:
+        """A request handed to this server (it enters the queue at the next pass)."""
+        self._inbox.append((sent_s, req))
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def submit_nothing(self) -> None:
+        """Wake an idle replica to see that the feed is done (it then stops)."""
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _idle(self, now: float) -> Iterator[simpy.Event]:
+        """Sleep until a request is submitted (or the horizon)."""
+        wake = self._wake
+        if self.horizon is not None:
+            wake = wake | self.env.timeout(max(self.horizon - now, 0.0))
+        yield wake
+        if self._wake.triggered:
+            self._wake = self.env.event()
+
     def _pull_arrivals(self, now: float) -> None:
-        for sent, req in self.source.pop_ready(now):
+        self.feed.pump(now)
+        inbox, self._inbox = self._inbox, []
+        for sent, req in inbox:
             r = SimRequest(req, sent, self._n_seen)
             r.queue_entry_s = r.entered_s = now  # SGLang's wait_queue_entry_time
             r.arrival_work = self.counters.prefill_tokens  # arrival_processed_tokens
@@ -429,7 +471,7 @@ class Replica(KVMemory):
         if self.horizon is not None:
             candidates.append(self.horizon)
         if not self.batch_full or self.preempt:
-            nxt = self.source.next_time()
+            nxt = self.feed.next_arrival()
             if nxt is not None:
                 candidates.append(nxt)
         return min(candidates)
@@ -525,7 +567,7 @@ class Replica(KVMemory):
         if r.finish_s is None:
             r.finish_s = self.env.now
         self.finished.append(r)
-        self.source.finished(self.env.now)
+        self.feed.left(self, r)
 
     def _reject_stuck(self) -> None:
         """Nothing runs and nothing can be admitted: should not happen after `_validate`;
@@ -539,11 +581,11 @@ class Replica(KVMemory):
         for r in [*self.running, *([self.chunked] if self.chunked else []), *self.waiting]:
             self._close_tokens(r)
             self._leave(r, "aborted", f"simulation horizon {self.horizon}s reached")
-        while not self.source.exhausted:  # closed loop: each leave releases the next one
-            for sent, req in self.source.pop_ready(math.inf):
-                r = SimRequest(req, sent, self._n_seen)
-                self._n_seen += 1
-                self._leave(r, "aborted", f"not sent before the horizon {self.horizon}s")
+        for sent, req in [*self._inbox, *self.feed.unsent()]:
+            r = SimRequest(req, sent, self._n_seen)
+            self._n_seen += 1
+            self._leave(r, "aborted", f"not sent before the horizon {self.horizon}s")
+        self._inbox = []
         self.running, self.waiting, self.chunked = [], [], None
 
     # ---- observation ------------------------------------------------------------------

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import simpy
 
+from twin.cluster import Deployment
 from twin.config import Capacity, ServerArgs, derive_capacity
+from twin.decider import Decider
 from twin.errors import ConfigError
 from twin.inputs import COUNT, FINITE, NON_NEGATIVE, POSITIVE, Rule, check, check_optional
 from twin.memory import make_allocator
@@ -124,8 +126,10 @@ def choose_backend(cfg: SimConfig, cap: Capacity) -> str:
     return default_backend(cap)
 
 
-def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
-                  step_time: StepTimeModel | None = None) -> tuple[Replica, str]:
+def make_replica(env: simpy.Environment, cfg: SimConfig,
+                 step_time: StepTimeModel | None = None,
+                 decider: Decider | None = None) -> tuple[Replica, str]:
+    """One simulated server for `cfg`, not yet fed (a `Deployment` feeds it)."""
     cap = derive_capacity(cfg.args, cfg.gpu)
     backend = choose_backend(cfg, cap)
     if step_time is None and cfg.calibration:
@@ -133,7 +137,7 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
 
         step_time = profile_step_time(cfg.calibration, cap, cfg.args)
     st = step_time or make_step_time(backend, cap, cfg.args)
-    policy = build_policy(cfg)
+    policy = decider.policy if decider is not None else build_policy(cfg)
     name = cfg.kv_allocator
     if name == "token" and cfg.args.page_size > 1:
         name = "paged"  # SGLang's pool with --page-size > 1 allocates whole pages
@@ -144,13 +148,25 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
                                reserve_fraction=cfg.kv_reserve_fraction)
     except ValueError as exc:  # a setting the allocator cannot work with, explained
         raise ConfigError(f"--kv-allocator {name}: {exc}") from None
-    rep = Replica(env, cfg.args, cap, st, policy, Source(workload), alloc,
+    rep = Replica(env, cfg.args, cap, st, policy, None, alloc,
                   horizon_s=cfg.horizon_s, sample_every_s=cfg.sample_every_s,
                   debug_checks=cfg.debug_checks,
                   swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes),
                   defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold),
-                  ignore_eos=cfg.ignore_eos)
+                  decider=decider, ignore_eos=cfg.ignore_eos)
     return rep, getattr(st, "name", backend)
+
+
+def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
+                  step_time: StepTimeModel | None = None,
+                  decider: Decider | None = None) -> tuple[Replica, str]:
+    """A deployment of one server fed by `workload`; its feeder process is started,
+    the caller starts `rep.run()`."""
+    rep, backend = make_replica(env, cfg, step_time, decider)
+    dep = Deployment(env, Source(workload), horizon_s=cfg.horizon_s)
+    dep.add(rep)
+    dep.start()
+    return rep, backend
 
 
 def build_policy(cfg: SimConfig) -> Policy:
