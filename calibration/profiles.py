@@ -20,22 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.deployment import HARNESS_GPU, check, model_name, server_identity
 from calibration.fit import fit_step_time
-from calibration.session import CalibrationError
 from twin.config import ServerArgs
 
 FORMAT = 1
-HARNESS_GPU = "a100-pcie-80gb"  # for capacity only: a CPU server's pool is --max-total-tokens
+__all__ = ["HARNESS_GPU", "build_profile", "check_profile", "identity", "model_name"]
 
 
 def identity(info: dict) -> dict:
-    """What a profile must share with a server to describe it."""
+    """What a profile must share with a server to describe it (a resumed or combined
+    calibration's runs must share it too)."""
     return {"engine": "sglang", "version": str(info.get("version")),
             "model": model_name(info.get("model_path"))}
-
-
-def model_name(path: object) -> str:
-    return Path(str(path)).name if path else "?"
 
 
 def server_args_subset(info: dict) -> dict:
@@ -109,19 +106,10 @@ def read_profile(path: Path) -> dict:
 
 
 def check_profile(profile: dict, info: dict, force: bool = False) -> list[str]:
-    """Refuse (`CalibrationError`) a profile of another model or SGLang version than the
-    server's; with `force`, return the differences as warnings instead."""
-    want = identity(info)
-    have = {"engine": (profile.get("engine") or {}).get("name"),
-            "version": str((profile.get("engine") or {}).get("version")),
-            "model": (profile.get("model") or {}).get("name")}
-    diffs = [f"{k}: profile {have[k]!r}, server {want[k]!r}" for k in want if have[k] != want[k]]
-    if diffs and not force:
-        raise CalibrationError("the calibration profile was made on another server ("
-                               + "; ".join(diffs) + "); its step times do not apply. "
-                               "Calibrate this server (`servetwin calibrate`), or pass --force "
-                               "to use it anyway")
-    return [f"profile mismatch ignored (--force): {d}" for d in diffs]
+    """Refuse (`CalibrationError`) a profile of another model, SGLang version or device
+    than the server's; with `force`, return the differences as warnings instead."""
+    return check(profile, server_identity(info), force, "server",
+                 "Calibrate this server (`servetwin calibrate`)")
 
 
 def machine() -> str:

@@ -115,8 +115,16 @@ def flush_cache(url: str, timeout: float = 30.0) -> str | None:
 
 def twin_server_args(info: dict):
     """The twin's `ServerArgs` for a live server, from its `/server_info` (SGLang's own
-    names), so a simulation of "this server" uses the server's actual configuration. A CPU
-    server has no CUDA graphs."""
+    names), so a simulation of "this server" uses the server's actual configuration."""
+    from twin.config import ServerArgs
+
+    return ServerArgs(**twin_server_values(info))
+
+
+def twin_server_values(info: dict) -> dict:
+    """The `ServerArgs` fields a `/server_info` (or a profile's `server_args`) gives. A CPU
+    server has no CUDA graphs; a pool left to the server's own sizing is the pool it
+    reported (`max_total_num_tokens`), so the twin's pool is the server's."""
     from dataclasses import fields
 
     from twin.config import ServerArgs
@@ -127,4 +135,6 @@ def twin_server_args(info: dict):
         given["disable_cuda_graph"] = True
     if given.get("schedule_policy") not in (None, *SCHEDULE_POLICIES):
         given.pop("schedule_policy")  # a policy the twin does not model: its default
-    return ServerArgs(**given)
+    if "max_total_tokens" not in given and isinstance(info.get("max_total_num_tokens"), int):
+        given["max_total_tokens"] = info["max_total_num_tokens"]
+    return given

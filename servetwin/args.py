@@ -28,9 +28,13 @@ HELP = {
 }
 # The users' deployment differs from SGLang's defaults here (shown in --help).
 DEPLOYMENT_DEFAULTS = {"tp_size": 2}
+DEFAULT_GPU = "a100-pcie-80gb"
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """SGLang's server arguments and `--gpu`. Every default is None, so that
+    `given_server_args` knows what the user typed; `server_args_from` fills the rest from a
+    base (a calibration profile's deployment) or the defaults shown in --help."""
     group = parser.add_argument_group("SGLang server arguments (SGLang's names and defaults)")
     hints = typing.get_type_hints(ServerArgs)
     for f in dataclasses.fields(ServerArgs):
@@ -43,14 +47,17 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
             help_text += f" (default {default})"
         hint = hints[f.name]
         if hint is bool:
-            group.add_argument(flag, action="store_true", help=help_text or None)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text or None)
             continue
-        base = _base_type(hint)
-        group.add_argument(flag, type=base, default=default, choices=CHOICES.get(f.name),
+        group.add_argument(flag, type=_base_type(hint), default=None,
+                           choices=CHOICES.get(f.name),
                            metavar=f.name.upper() if f.name not in CHOICES else None,
                            help=help_text or None)
-    parser.add_argument("--gpu", default="a100-pcie-80gb", choices=sorted(GPUS),
-                        help="GPU type (default a100-pcie-80gb: the users' cards)")
+    parser.add_argument("--gpu", default=None, choices=sorted(GPUS),
+                        help=f"GPU type (default {DEFAULT_GPU}: the users' cards; with "
+                        "--calibration, the profile's device: a CPU-harness profile has no "
+                        "GPU, and the GPU only sizes capacity and copy bandwidths there)")
 
 
 def _base_type(hint: object) -> type:
@@ -59,8 +66,21 @@ def _base_type(hint: object) -> type:
     return hint  # type: ignore[return-value]
 
 
-def server_args_from(ns: argparse.Namespace) -> ServerArgs:
-    return ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
+def given_server_args(ns: argparse.Namespace) -> dict:
+    """The server arguments (and `gpu`) the user gave on the command line."""
+    names = [f.name for f in dataclasses.fields(ServerArgs)] + ["gpu"]
+    return {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
+
+
+def server_args_from(ns: argparse.Namespace, base: dict | None = None) -> ServerArgs:
+    """The command line's server arguments over `base` (field: value) over the defaults."""
+    values = {**DEPLOYMENT_DEFAULTS, **(base or {}), **given_server_args(ns)}
+    values.pop("gpu", None)
+    return ServerArgs(**values)
+
+
+def gpu_from(ns: argparse.Namespace, base: str | None = None) -> str:
+    return ns.gpu or base or DEFAULT_GPU
 
 
 def add_workload_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:

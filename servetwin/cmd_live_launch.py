@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from servetwin.args import add_server_args, server_args_from
+from servetwin.args import add_server_args, gpu_from, server_args_from
 from servetwin.cmd_live_plugin import add_plugin_args, print_plugin_env
 
 
@@ -38,7 +38,7 @@ def run_command(ns: argparse.Namespace) -> int:
     from twin.config import derive_capacity
 
     args = server_args_from(ns)
-    derive_capacity(args, ns.gpu)  # refuse what cannot run, with the numbers
+    derive_capacity(args, gpu_from(ns))  # refuse what cannot run, with the numbers
     print_plugin_env(ns)
     print(shlex.join(launch_command(args, host=ns.host, port=ns.port)))
     if ns.gpu:

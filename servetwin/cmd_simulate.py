@@ -7,7 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-from servetwin.args import add_server_args, add_workload_args, server_args_from, workload_from
+from servetwin.args import (
+    add_server_args,
+    add_workload_args,
+    given_server_args,
+    gpu_from,
+    server_args_from,
+    workload_from,
+)
 from twin.config import derive_capacity
 from twin.errors import ConfigError, InfeasibleError
 from twin.metrics import SLO, format_summary
@@ -71,7 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the model and GPU, else roofline)")
     s.add_argument("--calibration", default=None, metavar="PROFILE",
                    help="a calibration profile from `servetwin calibrate`: its fitted step "
-                   "time (overrides --step-time-backend)")
+                   "time (overrides --step-time-backend), and its server (model, TP, every "
+                   "server argument it recorded, device) as the defaults; server flags "
+                   "given here override them (the header says which). A CPU-harness "
+                   "profile has no GPU: --gpu then asks for another device")
+    s.add_argument("--force", action="store_true",
+                   help="use a --calibration profile of another engine version, model or "
+                   "device than asked for (warns)")
     s.add_argument("--horizon", type=float, default=None,
                    help="stop at this simulated time (s); unfinished requests are 'aborted'")
     s.add_argument("--slo-ttft", type=float, default=1.5,
@@ -107,12 +120,12 @@ class Progress:
             print(file=sys.stderr)
 
 
-def sim_config(ns: argparse.Namespace, args) -> SimConfig:
+def sim_config(ns: argparse.Namespace, args, gpu: str) -> SimConfig:
     try:
         weights = ScoreWeights.parse(ns.priority_weights)
     except ValueError as exc:
         raise ConfigError(f"--priority-weights: {exc}") from None
-    return SimConfig(args=args, gpu=ns.gpu, step_time_backend=ns.step_time_backend,
+    return SimConfig(args=args, gpu=gpu, step_time_backend=ns.step_time_backend,
                      calibration=ns.calibration,
                      horizon_s=ns.horizon, debug_checks=ns.debug_checks,
                      kv_allocator=ns.kv_allocator, buddy_min_block_bytes=ns.buddy_min_block,
@@ -125,17 +138,16 @@ def sim_config(ns: argparse.Namespace, args) -> SimConfig:
 
 
 def run(ns: argparse.Namespace) -> int:
-    args = server_args_from(ns)
+    args, gpu, calibrated = _deployment(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
-    cfg = sim_config(ns, args)
+    cfg = sim_config(ns, args, gpu)
     slo = SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e)
-    cap = derive_capacity(args, ns.gpu)
+    cap = derive_capacity(args, gpu)
     if ns.out:
         check_out_dir(ns.out)
-    if ns.calibration:
-        _warn_profile(ns.calibration, args)
     if not ns.json:
-        _print_header(ns, cap, workload)
+        print("\n".join(calibrated))
+        _print_header(cap, workload, args, gpu)
     progress = Progress(len(workload.requests))
     result = simulate(workload, cfg, slo, progress=progress)
     progress.close()
@@ -155,12 +167,24 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_profile(path: str, args) -> None:
-    from twin.perf.fitted import load_profile, profile_mismatches
+def _deployment(ns: argparse.Namespace) -> tuple:
+    """(ServerArgs, gpu, header lines): the command line over the --calibration profile's
+    deployment (refused when it measured another engine, model or device) over defaults."""
+    if not ns.calibration:
+        return server_args_from(ns), gpu_from(ns), []
+    from calibration.deployment import asked_identity, check, header, profile_deployment
+    from twin.perf.fitted import load_profile
 
-    for note in profile_mismatches(load_profile(path), args):
-        print(f"servetwin: warning: {note}; its step times describe another deployment",
-              file=sys.stderr)
+    profile = load_profile(ns.calibration)
+    dep, given = profile_deployment(profile), given_server_args(ns)
+    flags = " and ".join(f for f, k in (("--model-path", "model_path"), ("--gpu", "gpu"))
+                         if k in given)
+    hint = (f"Drop {flags} to simulate the server {ns.calibration} measured" if flags else
+            "The twin models SGLang 0.5.x: calibrate such a server")
+    for note in check(profile, asked_identity(given, dep), ns.force, "asked", hint):
+        print(f"servetwin: warning: {note}", file=sys.stderr)
+    args, gpu = server_args_from(ns, dep.server_args), gpu_from(ns, dep.gpu)
+    return args, gpu, header(ns.calibration, profile, dep, given, args, gpu)
 
 
 def _write_launch(out: Path, cfg: SimConfig) -> None:
@@ -173,15 +197,14 @@ def _write_launch(out: Path, cfg: SimConfig) -> None:
     atomic_write_text(out / "sglang_launch.txt", "\n".join(lines) + "\n")
 
 
-def _print_header(ns: argparse.Namespace, cap, workload) -> None:
+def _print_header(cap, workload, args, gpu: str) -> None:
     print(f"workload: {workload.name} ({len(workload.requests)} requests"
           + (f", closed loop x{workload.concurrency}" if workload.concurrency else "") + ")")
     print(cap.startup_log())
-    if ns.model_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B" and ns.gpu == \
+    if args.model_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B" and gpu == \
             "a100-pcie-80gb":
         try:
-            derive_capacity(server_args_from(ns).__class__(model_path=USERS_MODEL,
-                                                           tp_size=ns.tp_size), ns.gpu)
+            derive_capacity(type(args)(model_path=USERS_MODEL, tp_size=args.tp_size), gpu)
         except InfeasibleError as exc:
             print(f"model: {cap.model.name}, DeepSeek's 128k-context model that fits; the "
                   f"users' DeepSeek-V3-class model does not: {exc}")
