@@ -196,24 +196,35 @@ def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
 
 
+# Record fields that are always numbers (the rest may be null: a request that never got
+# a token has no TTFT); an `ok` record also has its TTFT and E2E.
+_ALWAYS_NUMBERS = ("arrival_s", "prompt_tokens", "cached_tokens", "output_tokens", "priority",
+                   "retractions", "preemptions")
+
+
 def _bad_record_field(rec: dict) -> str | None:
     """The first field of `rec` with a value of the wrong type, or None."""
     if rec["status"] not in STATUSES:
         return "status"
     if not isinstance(rec["rid"], str):
         return "rid"
+    if rec["error"] is not None and not isinstance(rec["error"], str):
+        return "error"
     if rec["itl_s"] is not None and not (isinstance(rec["itl_s"], list)
                                          and all(map(_number, rec["itl_s"]))):
         return "itl_s"
+    required = _ALWAYS_NUMBERS + (("ttft_s", "e2e_s") if rec["status"] == "ok" else ())
     for key in RECORD_FIELDS:
-        if key not in ("rid", "status", "error", "itl_s") and not (
-                rec[key] is None or _number(rec[key])):
+        if key in ("rid", "status", "error", "itl_s"):
+            continue
+        if not (_number(rec[key]) or rec[key] is None and key not in required):
             return key
     return None
 
 
 SERIES_FIELDS = ("t_s", "running", "waiting", "kv_stored_tokens", "kv_allocated_tokens",
-                 "kv_largest_free_run", "radix_cached_tokens", "new_token_ratio")
+                 "kv_largest_free_run", "radix_cached_tokens", "new_token_ratio",
+                 "kv_internal_fragmentation", "kv_external_fragmentation")
 
 
 def format_summary(s: dict) -> str:
@@ -237,4 +248,8 @@ def format_summary(s: dict) -> str:
                  f"{s['retractions']}; preemptions {s['preemptions']}")
     if "slo" in s:
         lines.append(f"SLO {s['slo']['targets']}: attainment {s['slo']['attainment']:.1%}")
+    if "memory" in s:
+        from twin.memory_stats import format_memory
+
+        lines += format_memory(s["memory"])
     return "\n".join(lines)

@@ -176,23 +176,6 @@ def load_profile(path: str | Path) -> dict:
     return profile
 
 
-def profile_mismatches(profile: dict, args: ServerArgs) -> list[str]:
-    """What differs between the server a profile measured and the one simulated: the step
-    times then describe another deployment (the CLI warns)."""
-    model = profile.get("model") if isinstance(profile.get("model"), dict) else {}
-    device = profile.get("device") if isinstance(profile.get("device"), dict) else {}
-    out = []
-    name = model.get("name")
-    if name and Path(str(name)).name != Path(args.model_path).name:
-        out.append(f"the calibration profile measured model {name}, the twin simulates "
-                   f"{args.model_path}")
-    tp = device.get("tp_size")
-    if tp is not None and tp != args.tp_size:
-        out.append(f"the calibration profile measured tp_size {tp}, the twin simulates "
-                   f"--tp-size {args.tp_size}")
-    return out
-
-
 def profile_step_time(path: str | Path, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
     return from_step_time_section(load_profile(path)["step_time"], capacity, args)
 
