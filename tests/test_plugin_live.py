@@ -126,9 +126,12 @@ def test_lof_through_the_plugin_reorders_the_queue(lof_server, native_server):
     queued = [2, 3, 4, 5]  # the first two are admitted at once
     assert [i for i in admission_order(lof) if i in queued] == [3, 5, 4, 2]  # longest first
     assert [i for i in admission_order(fcfs) if i in queued] == queued  # arrival order
-    longest_wait = max(queued, key=lambda i: lof[i]["queue_time"])
-    assert longest_wait == 2  # the 8-token request waits longest under lof
-    assert lof[3]["queue_time"] < fcfs[3]["queue_time"]
+    # in the records: the 8-token request waits longest under lof, the 40-token one under fcfs
+    # waits longer than the 8-token one sent before it (queue times within one run only:
+    # across servers they depend on the shared machine's load)
+    assert max(queued, key=lambda i: lof[i]["queue_time"]) == 2
+    assert lof[3]["queue_time"] < lof[2]["queue_time"]
+    assert fcfs[2]["queue_time"] < fcfs[3]["queue_time"]
 
 
 def test_the_live_decision_log_replays_identically_in_the_twin(lof_server, native_server):

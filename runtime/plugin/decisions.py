@@ -106,8 +106,8 @@ class Agreement:
     decisions: int = 0
     identical: int = 0
     skipped: int = 0  # logged without a plan (the live policy raised)
-    #: the first few (line number, question, logged plan, the twin's plan)
-    disagreements: list[tuple[int, str, Plan, Plan]] = field(default_factory=list)
+    #: the first few (line number, question, logged plan, the twin's plan or None: it raised)
+    disagreements: list[tuple[int, str, Plan, Plan | None]] = field(default_factory=list)
 
     @property
     def share(self) -> float:
@@ -125,7 +125,10 @@ def replay(lines: Iterable[dict[str, Any]], policy, keep: int = 5) -> Agreement:
             out.skipped += 1
             continue
         snap = snapshot_from_json(d["snapshot"])
-        ours = policy.decide(snap)
+        try:
+            ours = policy.decide(snap)
+        except Exception:  # the twin's policy failing is a disagreement, not a crash
+            ours = None
         out.decisions += 1
         if same_decision(snap.question, logged, ours):
             out.identical += 1

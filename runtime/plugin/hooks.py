@@ -29,7 +29,13 @@ import time
 from pathlib import Path
 
 from runtime.plugin import decisions
-from runtime.plugin.views import preemptible_running, req_view, tokens_needed, views
+from runtime.plugin.views import (
+    WaitingViews,
+    preemptible_running,
+    req_view,
+    tokens_needed,
+    views,
+)
 from twin.policy.base import Plan, Snapshot
 from twin.policy.check import validate_plan
 
@@ -164,6 +170,7 @@ class PluginRuntime:
         self.pass_queue: list | None = None  # this pass's waiting queue (the scheduler's list)
         self.pass_views: tuple | None = None  # its views, in the queue's order
         self.processed_tokens = 0
+        self.waiting_views = WaitingViews()
         if self._log is not None:
             server = {"schedule_policy": server_policy,
                       "tp_rank": getattr(scheduler, "tp_rank", 0)}
@@ -232,7 +239,8 @@ class PluginRuntime:
     def order_snapshot(self, queue: list, running_batch) -> Snapshot:
         ratio = self._ratio()
         running = running_batch.reqs if running_batch is not None else ()
-        return self._snapshot(views(queue, False, ratio), views(running, True, ratio), ratio)
+        return self._snapshot(self.waiting_views.of(queue, ratio), views(running, True, ratio),
+                              ratio)
 
     def _log_native_order(self, queue: list, running_batch, before: list) -> None:
         t0 = time.perf_counter()
@@ -327,7 +335,7 @@ class PluginRuntime:
         elapsed = time.perf_counter() - t0
         if elapsed > self.budget_s:
             self.counters["slow"] += 1
-            self._warn_once("slow", f"a {what} decision took {elapsed * 1000:.1f} ms, over the "
+            self._warn_once("slow", f"{'an' if what == 'order' else 'a'} {what} decision took {elapsed * 1000:.1f} ms, over the "
                                     f"{self.budget_s * 1000:.1f} ms budget (applied; counted "
                                     f"as 'slow')")
             self._write_counters()

@@ -47,7 +47,7 @@ def req_view(req, running: bool, new_token_ratio: float) -> RequestView:
         first_token_s=first or None,
         round_start_s=round_start or None,
         arrival_work=getattr(req, "arrival_processed_tokens", 0),
-        head=head_of(req),
+        head=None if running else head_of(req),  # only waiting requests are compared
     )
 
 
@@ -69,3 +69,26 @@ def preemptible_running(adder) -> list:
     freed; releasing it again would double-free)."""
     return [r for r in adder.running_batch.reqs
             if r not in adder.preempt_list and not r.finished()]
+
+
+class WaitingViews:
+    """Views of waiting requests kept across passes: a waiting request's view is rebuilt
+    only when a field it reads can have changed (its prefix match, its queue entry, its
+    outputs after a retraction, its priority). Holds only the requests of the last queue
+    it was asked about, so finished requests are not kept alive."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple] = {}
+
+    def of(self, queue, ratio: float) -> tuple[RequestView, ...]:
+        known, fresh, out = self._known, {}, []
+        for r in queue:
+            key = (r.prefix_len, r.time_stats.wait_queue_entry_time, len(r.output_ids),
+                   r.priority)
+            hit = known.get(id(r))
+            if hit is None or hit[0] is not r or hit[1] != key:
+                hit = (r, key, req_view(r, False, ratio))
+            fresh[id(r)] = hit
+            out.append(hit[2])
+        self._known = fresh
+        return tuple(out)

@@ -1,0 +1,216 @@
+"""Microseconds per `calc_priority` and per `preempt_to_schedule` with servetwin's plugin
+hooks against SGLang 0.5.23's own, at 16, 256 and 1,024 waiting requests.
+
+Runs inside the CPU harness venv (it re-executes itself there), outside a server: a
+published runtime context (`sglang.test.test_utils.published_topology`), real `Req` and
+`SchedulePolicy` objects, a simulated radix cache, and the plugin's hooks applied by
+SGLang's own `HookRegistry`. The plugin runtime gets a small stand-in for the scheduler
+(its KV numbers); the `PrefillAdder` is built without `__init__` and given the fields
+`preempt_to_schedule` reads (a KV allocator needs a model). Both preemption paths find no
+victim (equal priorities), so the numbers are the decision's cost, not the release's.
+
+Workload: prompts of 100 tokens, max_new_tokens 16..527, priorities 0..2 in a fixed
+pseudo-random pattern; 16 running requests (10 tokens generated each); the server's
+policy is `fcfs` with priority scheduling (SGLang sorts by priority, then queue entry).
+
+    python benchmarks/policy_overhead.py [--write]   # --write: the table into docs/policies.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "policies.md"
+SIZES = (16, 256, 1024)
+RUNNING = 16
+START, END = "<!-- plugin-overhead:start -->", "<!-- plugin-overhead:end -->"
+
+
+def _reexec_in_harness() -> int:
+    sys.path.insert(0, str(ROOT))
+    from runtime.cpu.install import harness_env, require_harness
+
+    harness = require_harness()
+    cmd = [str(harness.python), str(Path(__file__).resolve()), *sys.argv[1:]]
+    return subprocess.run(cmd, env=harness_env() | {"SERVETWIN_IN_HARNESS": "1"},
+                          cwd=harness.prefix).returncode
+
+
+def make_reqs(n: int, prefix: str):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    out = []
+    for i in range(n):
+        r = Req(f"{prefix}{i}", "", array("q", range(3 + i % 7, 103 + i % 7)),
+                SamplingParams(max_new_tokens=16 + (i * 37) % 512, ignore_eos=True),
+                priority=(i * 5) % 3)
+        r.time_stats.wait_queue_entry_time = 1000.0 + i * 0.001
+        out.append(r)
+    return out
+
+
+def per_call_us(fn, calls: int, repeats: int = 7) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def stand_in_scheduler():
+    return SimpleNamespace(
+        new_token_ratio_tracker=SimpleNamespace(current=0.7), max_running_requests=RUNNING,
+        max_total_num_tokens=200_000,
+        token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 150_000),
+        tree_cache=SimpleNamespace(evictable_size=lambda: 1000))
+
+
+def make_adder(cls, running):
+    adder = cls.__new__(cls)
+    adder.running_batch = SimpleNamespace(reqs=running)
+    adder.preempt_list = []
+    adder.new_token_ratio = 0.7
+    adder.memory_budget = SimpleNamespace(remaining_total=100, total_offset=0)
+    adder.priority_scheduling_preemption_threshold = 10
+    adder.token_to_kv_pool_allocator = SimpleNamespace(request_slot_reserve=lambda **kw: 0)
+    adder.max_running_requests = RUNNING
+    return adder
+
+
+def measure() -> list[tuple[str, int, float, float]]:
+    from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from runtime.plugin import hooks
+    from twin.policy.registry import build_policy, read_spec
+
+    hooks.install(read_spec("fcfs"))
+    HookRegistry.apply_hooks()
+    own_calc = SchedulePolicy.calc_priority.__wrapped__
+    adder_cls = hooks._make_adder_class(PrefillAdder)
+    args = {"priority_scheduling": True, "low_values_first": False, "preemption_threshold": 10}
+    runtimes = {"no policy (hooks only)": None}
+    for name, native in (("priority", True), ("lof", False), ("slices", False)):
+        spec = read_spec(name)
+        label = f"{name} ({'native: SGLang sorts' if native else 'the twin policy sorts'})"
+        runtimes[label] = hooks.PluginRuntime(spec, build_policy(spec, **args), args, "fcfs",
+                                              native, 5.0, None, stand_in_scheduler())
+    running = make_reqs(RUNNING, "run")
+    for r in running:
+        r.output_ids.extend(range(10))
+    rows = []
+    for n in SIZES:
+        rows += rows_at(n, runtimes, running, adder_cls, own_calc)
+    hooks._RUNTIME = None
+    return rows
+
+
+def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc) -> list:
+    from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    from runtime.plugin import hooks
+
+    calls = max(20, 6000 // n)
+    sp = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
+    queue = make_reqs(n, "w")
+    candidate = queue[n // 2]
+    rows = [("SGLang's own", n,
+             per_call_us(lambda: own_calc(sp, queue, None, 0), calls),
+             per_call_us(lambda: PrefillAdder.preempt_to_schedule(
+                 make_adder(PrefillAdder, running), candidate), calls))]
+    for label, rt in runtimes.items():
+        hooks._RUNTIME = rt
+        sp.calc_priority(queue, None, processed_tokens=0)  # this pass's views
+        rows.append((label, n,
+                     per_call_us(lambda: sp.calc_priority(queue, None, processed_tokens=0),
+                                 calls),
+                     per_call_us(lambda: make_adder(adder_cls, running)
+                                 .preempt_to_schedule(candidate), calls)))
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{platform.node()}: {platform.machine()}, {cpu}, {os.cpu_count()} cores, " \
+           f"Python {platform.python_version()}, load average {load} (shared machine)"
+
+
+def table(rows) -> str:
+    own = {n: (c, p) for label, n, c, p in rows if label == "SGLang's own"}
+    out = ["| hooks | waiting | calc_priority µs | added | preempt_to_schedule µs | added |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, n, c, p in rows:
+        dc, dp = c - own[n][0], p - own[n][1]
+        added = ("", "") if label == "SGLang's own" else (f"{dc:+.1f}", f"{dp:+.1f}")
+        out.append(f"| {label} | {n:,} | {c:.1f} | {added[0]} | {p:.1f} | {added[1]} |")
+    return "\n".join(out)
+
+
+def report(rows) -> str:
+    import sglang
+
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"Measured {stamp} on {machine()}; SGLang {sglang.__version__}, "
+            f"`python benchmarks/policy_overhead.py`.\n\nWorkload: "
+            f"{__doc__.split('Workload: ', 1)[1].split(chr(10) + chr(10))[0]}\n\n"
+            f"{table(rows)}\n")
+
+
+def write_doc(text: str) -> None:
+    body = DOC.read_text() if DOC.exists() else "# Scheduling policies\n"
+    block = f"{START}\n{text}{END}"
+    if START in body:
+        head, rest = body.split(START, 1)
+        body = head + block + rest.split(END, 1)[1]
+    else:
+        if "## The plugin" not in body:
+            body = body.rstrip("\n") + "\n\n## The plugin\n\nPer-call cost of the plugin's " \
+                   "hooks (docs/plugin.md).\n"
+        body = body.rstrip("\n") + "\n\n" + block + "\n"
+    DOC.write_text(body)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write the table into {DOC}")
+    ns = parser.parse_args()
+    if os.environ.get("SERVETWIN_IN_HARNESS") != "1":
+        return _reexec_in_harness()
+    import logging
+
+    logging.disable(logging.WARNING)  # the hooks' application messages
+    from sglang.test.test_utils import published_topology
+
+    with published_topology(device="cpu"):
+        text = report(measure())
+    print(text)
+    if ns.write:
+        write_doc(text)
+        print(f"written to {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
