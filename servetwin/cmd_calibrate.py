@@ -54,10 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_calibrate(ns: argparse.Namespace) -> int:
     from calibration.offline import from_bench_serving, from_record_dir
     from calibration.profiles import build_profile, identity, write_profile
+    from twin.inputs import POSITIVE, check
+    from twin.outputs import check_out_file
 
     if not ns.url and not ns.from_records and not ns.from_bench_serving:
         raise ConfigError("give --url (profile a live server) and/or --from-records / "
                           "--from-bench-serving (fit on runs already made)")
+    check("--budget-s", ns.budget_s, POSITIVE)
+    check_out_file(ns.out)
     samples, info, sources = [], None, []
     if ns.url:
         samples, info = _profile_live(ns.url.rstrip("/"), ns.out, ns.budget_s)
@@ -127,8 +131,10 @@ def run_validate(ns: argparse.Namespace) -> int:
     from calibration.validate import format_step_check, validate
     from servetwin.args import workload_from
     from servetwin.cmd_live_replay import Progress
+    from twin.outputs import check_out_dir
 
     workload = workload_from(ns)
+    check_out_dir(ns.out)
     progress = Progress(len(workload.requests))
     v = validate(ns.url.rstrip("/"), ns.calibration, workload, ns.out, ns.force, ns.seed,
                  progress)

@@ -388,3 +388,33 @@ def test_non_utf8_bench_serving_for_calibrate(tmp_path, capsys):
     err = cli_error(capsys, "calibrate", "--from-bench-serving", str(p), "--out",
                     str(tmp_path / "prof.json"))
     assert "byte offset 10" in err
+
+
+# ---- a local model's config.json and calibrate's own flags ---------------------------------
+@pytest.mark.parametrize("change,msg", [
+    ({"num_attention_heads": 0}, "field num_attention_heads 0: must be an integer"),
+    ({"hidden_size": "abc"}, "field hidden_size 'abc'"),
+    ({"num_hidden_layers": 2.5}, "field num_hidden_layers 2.5"),
+    ({"max_position_embeddings": -1}, "field max_position_embeddings -1"),
+    ({"quantization_config": "fp8", "torch_dtype": ["x"]}, None),  # odd types: defaults
+])
+def test_local_model_config_is_checked(tmp_path, change, msg):
+    from twin.models import get_model
+
+    cfg = {"hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 2,
+           "vocab_size": 4096, "max_position_embeddings": 2048} | change
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if msg is None:
+        assert get_model(str(tmp_path)).num_heads == 8
+        return
+    with pytest.raises(ConfigError) as exc:  # used to be a ValueError/ZeroDivisionError
+        get_model(str(tmp_path))
+    assert msg in str(exc.value)
+
+
+def test_calibrate_budget_and_out_are_checked_first(tmp_path, capsys):
+    bench = str(REAL["bench_serving"])
+    assert "--budget-s nan" in cli_error(capsys, "calibrate", "--from-bench-serving", bench,
+                                         "--budget-s", "nan", "--out", str(tmp_path / "p.json"))
+    assert "is a directory" in cli_error(capsys, "calibrate", "--from-bench-serving", bench,
+                                         "--out", str(tmp_path))

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from twin.errors import ConfigError
+from twin.inputs import Rule, check, read_text
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1, "int4": 0.5}
 # Weight bytes per parameter by `quantization_config.quant_method` (scales ignored).
@@ -56,41 +57,49 @@ class ModelSpec:
     # ---- construction -------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, name: str, cfg: dict) -> ModelSpec:
-        try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            layers = int(cfg["num_hidden_layers"])
-            vocab = int(cfg["vocab_size"])
-        except KeyError as exc:
-            raise ConfigError(f"model {name}: config.json lacks field {exc.args[0]!r}") from None
-        quant = (cfg.get("quantization_config") or {}).get("quant_method", "")
-        wbytes = QUANT_WEIGHT_BYTES.get(quant) or DTYPE_BYTES.get(
-            cfg.get("torch_dtype", "bfloat16"), 2)
-        n_routed = int(cfg.get("n_routed_experts") or cfg.get("num_experts")
-                       or cfg.get("num_local_experts") or 0)
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model {name}: config.json is not a JSON object")
+
+        def num(key: str | tuple[str, ...], default: int | None = None, lo: int = 1) -> int:
+            """An integer field (the first of `key` that is set), checked."""
+            keys = (key,) if isinstance(key, str) else key
+            value = cfg.get(keys[0]) if default is None else next(
+                (cfg[k] for k in keys if cfg.get(k)), default)  # optional: 0/null = unset
+            if value is None:
+                raise ConfigError(f"model {name}: config.json lacks field {keys[0]!r}")
+            return int(check(f"model {name}: config.json field {keys[0]}", value,
+                             Rule(integer=True, lo=lo, hi=2**31 - 1)))
+
+        hidden, heads = num("hidden_size"), num("num_attention_heads")
+        quant = cfg.get("quantization_config")
+        quant = quant.get("quant_method", "") if isinstance(quant, dict) else ""
+        dtype = cfg.get("torch_dtype", "bfloat16")
+        wbytes = QUANT_WEIGHT_BYTES.get(str(quant)) or DTYPE_BYTES.get(str(dtype), 2)
+        n_routed = num(("n_routed_experts", "num_experts", "num_local_experts"), 0, lo=0)
+        moe = bool(n_routed)
         return cls(
             name=name,
-            num_layers=layers,
+            num_layers=num("num_hidden_layers"),
             hidden=hidden,
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
-            vocab=vocab,
-            context_len=int(cfg.get("max_position_embeddings") or 4096),
+            num_kv_heads=num("num_key_value_heads", heads),
+            head_dim=num("head_dim", max(1, hidden // heads)),
+            intermediate=num("intermediate_size", 4 * hidden),
+            vocab=num("vocab_size"),
+            context_len=num("max_position_embeddings", 4096),
             weight_bytes_per_param=wbytes,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=n_routed,
-            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if n_routed else 0,
-            num_shared_experts=int(cfg.get("n_shared_experts") or 0) if n_routed else 0,
-            moe_intermediate=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
-                                 or 0) if n_routed else 0,
-            first_dense_layers=int(cfg.get("first_k_dense_replace") or 0) if n_routed else 0,
-            kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
-            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-            qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
-            v_head_dim=int(cfg.get("v_head_dim") or 0),
+            experts_per_token=num("num_experts_per_tok", 0, lo=0) if moe else 0,
+            num_shared_experts=num("n_shared_experts", 0, lo=0) if moe else 0,
+            moe_intermediate=num(("moe_intermediate_size", "intermediate_size"), 0, lo=0)
+            if moe else 0,
+            first_dense_layers=num("first_k_dense_replace", 0, lo=0) if moe else 0,
+            kv_lora_rank=num("kv_lora_rank", 0, lo=0),
+            q_lora_rank=num("q_lora_rank", 0, lo=0),
+            qk_rope_head_dim=num("qk_rope_head_dim", 0, lo=0),
+            qk_nope_head_dim=num("qk_nope_head_dim", 0, lo=0),
+            v_head_dim=num("v_head_dim", 0, lo=0),
             hf_config=dict(cfg),
         )
 
@@ -250,6 +259,6 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        return json.loads(read_text(path, "--model-path"))
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
