@@ -23,8 +23,9 @@ def plugin_env(spec: str, decision_log: str | Path | None = None,
     from twin.policy.registry import read_spec
 
     parsed = read_spec(spec)
-    env = {"SGLANG_PLUGINS": PLUGIN_NAME,
-           POLICY_ENV: str(Path(parsed.source).resolve()) if parsed.source else parsed.name}
+    where = parsed.text or (str(Path(parsed.source).resolve()) if parsed.source
+                            else parsed.name)
+    env = {"SGLANG_PLUGINS": PLUGIN_NAME, POLICY_ENV: where}
     if decision_log:
         env[LOG_ENV] = str(Path(decision_log).resolve())
     if budget_ms is not None:

@@ -1,13 +1,22 @@
-"""A learned policy: a small scoring network over request features, from a weight file.
+"""A learned policy: a small dense ReLU network from a weight file, evaluated with numpy.
 
-The network scores each waiting request from `request_features` (a fixed-size, normalised
-vector documented there); the queue is ordered by descending score (ties: queue entry).
-With `preempt_margin` set, a running request whose score is lower than the candidate's by
-more than the margin may be preempted (lowest score first, each credited with its future
-reservation, as SGLang credits victims). Weights come from a safetensors file (read here
-with numpy: an 8-byte header length, a JSON header, raw little-endian tensors) or a JSON
-file `{"layers": [{"w": [[...]], "b": [...]}, ...]}`; never from pickle. Layers are dense
-with ReLU between them; the last layer has one output.
+Two kinds, told apart by the weight file's metadata (`kind`):
+
+- `scorer` (the default): the network scores each waiting request from `request_features`
+  (a fixed-size, normalised vector documented there); the queue is ordered by descending
+  score (ties: queue entry). With `preempt_margin` set, a running request whose score is
+  lower than the candidate's by more than the margin may be preempted (lowest score first,
+  each credited with its future reservation, as SGLang credits victims).
+- `selector` (what `servetwin rl train` exports): the network reads the pass's features
+  (`twin.policy.features.pass_features`, with the SLO targets stored in the file) and its
+  largest output picks one queue order from the menu (`twin.policy.menu`) for this pass.
+  It never preempts.
+
+Weights come from a safetensors file (read here with numpy: an 8-byte header length, a
+JSON header, raw little-endian tensors; the header's `__metadata__["servetwin"]` holds the
+kind, menu and targets as JSON) or a JSON file `{"meta": {...}, "layers": [{"w": [[...]],
+"b": [...]}, ...]}`; never from pickle. `learned:NAME` names a file shipped in
+`twin/policy/data/` (`learned:finance-qa`).
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from twin.policy.base import Policy, RequestView, Snapshot
+from twin.policy.features import K_SLOTS, SloTargets, feature_names, pass_features
+from twin.policy.menu import RULES
 from twin.policy.registry import register
 
 FEATURES = ("priority", "log_wait_s", "log_prompt", "log_uncached", "cached_share",
@@ -40,6 +51,11 @@ def request_features(r: RequestView, snap: Snapshot, running: bool) -> list[floa
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    return read_safetensors_meta(path)[0]
+
+
+def read_safetensors_meta(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors (as float64) and the header's `__metadata__` (string to string)."""
     data = path.read_bytes()
     if len(data) < 8:
         raise ValueError(f"{path}: not a safetensors file (too short)")
@@ -58,11 +74,14 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         a, b = meta["data_offsets"]
         arr = np.frombuffer(data[base + a:base + b], dtype=_DTYPES[meta["dtype"]])
         out[name] = arr.reshape(meta["shape"]).astype(np.float64)
-    return out
+    return out, dict(header.get("__metadata__") or {})
 
 
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    header, blobs, off = {}, [], 0
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Tensors as little-endian float32 (names sorted: the same bytes for the same input)."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    blobs, off = [], 0
     for name in sorted(tensors):
         arr = np.ascontiguousarray(tensors[name], dtype="<f4")
         raw = arr.tobytes()
@@ -75,26 +94,43 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def load_layers(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Dense layers (w: out x in, b: out) from `w0, b0, w1, b1, ...` tensors or JSON."""
+Layers = list[tuple[np.ndarray, np.ndarray]]
+
+
+def load_layers(path: str) -> Layers:
+    """Dense layers of a scorer file (see `load_weights`)."""
+    layers, meta = load_weights(path)
+    if meta.get("kind", "scorer") != "scorer":
+        raise ValueError(f"weights {path}: a {meta['kind']} file, not a scorer")
+    return layers
+
+
+def load_weights(path: str) -> tuple[Layers, dict]:
+    """Dense layers (w: out x in, b: out) from `w0, b0, w1, b1, ...` tensors or JSON, and
+    the metadata (`{}` for a plain scorer file). The shapes are checked against the kind:
+    a scorer takes `FEATURES` and gives one score; a selector takes its pass features and
+    gives one output per menu entry."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"weights {path}: no such file")
-    if p.suffix == ".json":
-        try:
+    try:
+        if p.suffix == ".json":
             data = json.loads(p.read_text())
             layers = [(np.asarray(x["w"], float), np.asarray(x["b"], float))
                       for x in data["layers"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"weights {path}: expected {{'layers': [{{'w', 'b'}}]}}: "
-                             f"{exc}") from None
-    else:
-        t = read_safetensors(p)
-        layers, i = [], 0
-        while f"w{i}" in t:
-            layers.append((t[f"w{i}"], t[f"b{i}"]))
-            i += 1
-    width = len(FEATURES)
+            meta = dict(data.get("meta") or {})
+        else:
+            t, raw = read_safetensors_meta(p)
+            layers, i = [], 0
+            while f"w{i}" in t:
+                layers.append((t[f"w{i}"], t[f"b{i}"]))
+                i += 1
+            meta = json.loads(raw["servetwin"]) if "servetwin" in raw else {}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"weights {path}: expected {{'layers': [{{'w', 'b'}}]}} or "
+                         f"safetensors w0, b0, ...: {exc}") from None
+    n_in, n_out = _io_width(meta, path)
+    width = n_in
     for k, (w, b) in enumerate(layers):
         if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
             raise ValueError(f"weights {path}: layer {k}: w {w.shape}, b {b.shape}; "
@@ -102,10 +138,32 @@ def load_layers(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise ValueError(f"weights {path}: layer {k}: non-finite weights")
         width = w.shape[0]
-    if not layers or width != 1:
-        raise ValueError(f"weights {path}: expected layers ending in one output "
-                         f"({len(FEATURES)} features in: {', '.join(FEATURES)})")
-    return layers
+    if not layers or width != n_out:
+        raise ValueError(f"weights {path}: expected layers from {n_in} inputs to {n_out} "
+                         f"output(s)")
+    return layers, meta
+
+
+def _io_width(meta: dict, path: str) -> tuple[int, int]:
+    kind = meta.get("kind", "scorer")
+    if kind == "scorer":
+        return len(FEATURES), 1
+    if kind != "selector":
+        raise ValueError(f"weights {path}: kind {kind!r}: allowed values: scorer, selector")
+    bad = [m for m in meta.get("menu", ()) if m not in RULES]
+    if bad or not meta.get("menu"):
+        raise ValueError(f"weights {path}: menu {meta.get('menu')}: entries must be among "
+                         f"{', '.join(RULES)}")
+    return len(feature_names(int(meta.get("k_slots", K_SLOTS)))), len(meta["menu"])
+
+
+def forward(layers: Layers, x: np.ndarray) -> np.ndarray:
+    """The network on rows of `x`: dense layers with ReLU between them."""
+    for k, (w, b) in enumerate(layers):
+        x = x @ w.T + b
+        if k < len(layers) - 1:
+            x = np.maximum(x, 0.0)
+    return x
 
 
 @register
@@ -116,24 +174,39 @@ class LearnedPolicy(Policy):
         super().__init__()
         if not weights:
             raise ValueError("params.weights: a safetensors or JSON weight file is required")
-        self.layers = load_layers(weights)
+        self.layers, self.meta = load_weights(weights)
+        self.kind = self.meta.get("kind", "scorer")
+        if self.kind == "selector":
+            if preempt_margin is not None:
+                raise ValueError("preempt_margin: a selector never preempts")
+            self.menu = tuple(self.meta["menu"])
+            self.k = int(self.meta.get("k_slots", K_SLOTS))
+            self.targets = SloTargets.from_json(self.meta.get("targets", {}))
         self.margin = preempt_margin
 
     @property
     def preempts(self) -> bool:
         return self.margin is not None
 
+    def wants_prefix_match(self, n_waiting: int) -> bool:
+        return self.kind == "selector"  # its features and rules read prefix matches
+
+    def choice(self, snap: Snapshot) -> int:
+        """The selector's menu index for this pass: the largest output (first on ties)."""
+        x = pass_features(snap, self.targets, self.k).astype(np.float32).astype(np.float64)
+        return int(np.argmax(np.round(forward(self.layers, x[None, :])[0], 9)))
+
     def scores(self, views, snap: Snapshot, running: bool) -> np.ndarray:
         if not views:
             return np.empty(0)
         x = np.array([request_features(r, snap, running) for r in views])
-        for k, (w, b) in enumerate(self.layers):
-            x = x @ w.T + b
-            if k < len(self.layers) - 1:
-                x = np.maximum(x, 0.0)
-        return np.round(x[:, 0], 12)  # rounding: the same order on every platform
+        return np.round(forward(self.layers, x)[:, 0], 12)  # the same order on every platform
 
     def order(self, snap: Snapshot) -> list[int]:
+        if self.kind == "selector":
+            if len(snap.waiting) < 2:
+                return list(range(len(snap.waiting)))
+            return RULES[self.menu[self.choice(snap)]](snap, self.targets)
         s = self.scores(snap.waiting, snap, False)
         w = snap.waiting
         return sorted(range(len(w)), key=lambda i: (-s[i], w[i].queue_entry_s, i))

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_MODULES = ("twin.policy.sglang", "twin.policy.slices", "twin.policy.learned")
+_MODULES = ("twin.policy.sglang", "twin.policy.slices", "twin.policy.menu",
+            "twin.policy.learned")
+#: weight files shipped with the package, named by `learned:NAME`
+DATA_DIR = Path(__file__).parent / "data"
+LEARNED_PREFIX = "learned:"
 _REGISTRY: dict[str, type] = {}
 _loaded = False
 
@@ -76,18 +80,41 @@ class PolicySpec:
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the file it came from ("" for a bare name)
+    text: str = ""  # a spec string that gives this spec from any directory ("": none)
 
     def to_json(self) -> dict:
         return {"name": self.name, "params": dict(self.params)}
 
 
 def read_spec(text: str) -> PolicySpec:
-    """`NAME` or a path to a `.json`/`.yaml`/`.yml` spec file."""
+    """`NAME`, `learned:NAME|FILE` (a shipped weight file by name, or a weight file) or a
+    path to a `.json`/`.yaml`/`.yml` spec file."""
+    if text.startswith(LEARNED_PREFIX):
+        return learned_spec(text[len(LEARNED_PREFIX):])
     p = Path(text)
     if p.suffix.lower() in (".json", ".yaml", ".yml"):
         return read_spec_file(p)
     policy_class(text)
     return PolicySpec(text)
+
+
+def shipped_weights() -> list[str]:
+    return sorted(p.stem for p in DATA_DIR.glob("*.safetensors")) if DATA_DIR.is_dir() else []
+
+
+def learned_spec(ref: str) -> PolicySpec:
+    """`learned:NAME` (a weight file shipped in twin/policy/data) or `learned:FILE`."""
+    p = Path(ref)
+    if p.suffix.lower() not in (".safetensors", ".json"):
+        if not (DATA_DIR / f"{ref}.safetensors").is_file() or "/" in ref:
+            raise PolicyError(f"policy learned:{ref}: not a shipped policy (shipped: "
+                              f"{', '.join(shipped_weights()) or 'none'}) and not a "
+                              f".safetensors or .json weight file")
+        p = DATA_DIR / f"{ref}.safetensors"
+    if not p.is_file():
+        raise PolicyError(f"policy learned:{ref}: no such file")
+    path = str(p.resolve())
+    return PolicySpec("learned", {"weights": path}, text=LEARNED_PREFIX + path)
 
 
 def read_spec_file(path: Path) -> PolicySpec:

@@ -1,0 +1,177 @@
+"""One episode in the twin: a workload through one simulated server, asked or not.
+
+`Episode` wires a replica to an `AgentDecider` and steps it question by question (the
+gymnasium environment drives it); `run_policy` runs the same workload under a fixed
+policy. Both account for every request with the same `Ledger`, so a trained network and a
+heuristic are scored alike.
+
+The reward (docs/rl.md): each request is worth `1 / (n_class x classes)` where its class
+is short question or document (`SloTargets.doc_tokens`); it earns its worth when it
+finishes within its SLO, nothing when it finishes late, and loses its worth when it is
+aborted (dropped, or still unserved at the episode's end). An episode's return is thus the
+mean over classes of SLO attainment minus the share dropped: starving a class to serve the
+other cannot gain more than that class's half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from experiments.rl.config import EnvConfig
+from twin.decider import AgentDecider, PolicyDecider
+from twin.metrics import twin_records
+from twin.perf import StepTimeModel
+from twin.policy import Plan, Policy, Snapshot
+from twin.policy.features import SloTargets
+from twin.policy.menu import RULES
+from twin.replica import Replica
+from twin.sim import build_replica
+from twin.workload import Workload
+
+
+@dataclass
+class Ledger:
+    """Each request's worth and what it earned; `settle` takes the requests that left."""
+
+    targets: SloTargets
+    weight: dict[str, float]
+    earned: dict[str, float] = field(default_factory=dict)
+    outcome: dict[str, str] = field(default_factory=dict)  # met, late, dropped, rejected
+
+    @classmethod
+    def for_workload(cls, wl: Workload, targets: SloTargets) -> Ledger:
+        doc = [targets.is_document(r.prompt_tokens) for r in wl.requests]
+        counts = {c: doc.count(c) for c in (False, True) if doc.count(c)}
+        w = {r.rid: 1.0 / (counts[d] * len(counts)) for r, d in zip(wl.requests, doc,
+                                                                   strict=True)}
+        return cls(targets, w)
+
+    def settle(self, reqs) -> float:
+        total = 0.0
+        for r in reqs:
+            kind = self.judge(r)
+            self.outcome[r.rid] = kind
+            gain = {"met": 1.0, "late": 0.0, "rejected": 0.0, "dropped": -1.0}[kind]
+            self.earned[r.rid] = gain * self.weight[r.rid]
+            total += self.earned[r.rid]
+        return total
+
+    def judge(self, r) -> str:
+        if r.status == "rejected":
+            return "rejected"  # SGLang refuses it on arrival, whatever the policy
+        if r.status != "ok":
+            return "dropped"
+        ttft = r.first_token_s - r.arrival_s
+        tpot = (r.finish_s - r.first_token_s) / (r.generated_tokens - 1) \
+            if r.generated_tokens > 1 else None
+        return "met" if self.targets.met(ttft, tpot, r.prompt_tokens, r.priority) else "late"
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.earned.values()))
+
+
+class HeldChoice(Policy):
+    """The environment's fallback: the agent's last menu choice, for the passes it is not
+    asked (fewer than two waiting, every rule agreeing, or within `min_gap_s`)."""
+
+    name = "held-choice"
+
+    def __init__(self, menu: tuple[str, ...], targets: SloTargets) -> None:
+        super().__init__()
+        self.menu, self.targets, self.choice = menu, targets, 0
+
+    def wants_prefix_match(self, n_waiting: int) -> bool:
+        return True
+
+    def order(self, snap: Snapshot) -> list[int]:
+        return self.rule_order(snap, self.choice)
+
+    def rule_order(self, snap: Snapshot, choice: int) -> list[int]:
+        if len(snap.waiting) < 2:
+            return list(range(len(snap.waiting)))
+        return RULES[self.menu[choice]](snap, self.targets)
+
+
+def horizon(cfg: EnvConfig, wl: Workload, capacity_rps: float) -> float:
+    last = wl.requests[-1].arrival_s if wl.requests else 0.0
+    return last + cfg.drain_factor * len(wl.requests) / capacity_rps
+
+
+class Episode:
+    """A workload in the twin with an agent answering its order questions."""
+
+    def __init__(self, cfg: EnvConfig, wl: Workload, step_time: StepTimeModel,
+                 capacity_rps: float) -> None:
+        self.cfg = cfg
+        self.env = simpy.Environment()
+        self.held = HeldChoice(cfg.menu, cfg.targets)
+        self.decider = AgentDecider(self.env, self.held, takes=self._takes)
+        sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
+        self.rep, _ = build_replica(self.env, wl, sim, step_time, decider=self.decider)
+        self.proc = self.env.process(self.rep.run())
+        self.ledger = Ledger.for_workload(wl, cfg.targets)
+        self.n = len(wl.requests)
+        self._settled = 0
+        self._last_t: float | None = None
+        self.decisions = 0
+
+    def _takes(self, snap: Snapshot) -> bool:
+        if snap.candidate is not None or len(snap.waiting) < 2:
+            return False
+        if self._last_t is not None and snap.now - self._last_t < self.cfg.min_gap_s:
+            return False
+        first = self.held.rule_order(snap, 0)
+        return any(self.held.rule_order(snap, c) != first for c in range(1, len(self.cfg.menu)))
+
+    def advance(self) -> tuple[Snapshot | None, float]:
+        """Run to the next question (or the end); the question and the reward since."""
+        if not self.proc.triggered:
+            self.env.run(until=self.env.any_of([self.decider.asked, self.proc]))
+        fin = self.rep.finished
+        reward = self.ledger.settle(fin[self._settled:])
+        self._settled = len(fin)
+        return self.decider.pending, reward
+
+    def answer(self, action: int) -> None:
+        snap = self.decider.pending
+        self.held.choice = int(action)
+        self._last_t = snap.now
+        self.decisions += 1
+        self.decider.answer(Plan(order=tuple(self.held.rule_order(snap, int(action)))))
+
+    def records(self) -> list[dict]:
+        return twin_records(self.rep.finished, self.rep.step_end)
+
+
+def run_policy(cfg: EnvConfig, wl: Workload, step_time: StepTimeModel, capacity_rps: float,
+               policy: Policy) -> tuple[Ledger, list[dict], Replica]:
+    """The workload under a fixed policy (every pass asks it: the deployed path)."""
+    env = simpy.Environment()
+    sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
+    rep, _ = build_replica(env, wl, sim, step_time, decider=PolicyDecider(policy))
+    env.run(until=env.process(rep.run()))
+    ledger = Ledger.for_workload(wl, cfg.targets)
+    ledger.settle(rep.finished)
+    return ledger, twin_records(rep.finished, rep.step_end), rep
+
+
+def episode_stats(ledger: Ledger, records: list[dict], targets: SloTargets) -> dict:
+    """Return, SLO attainment (ours and the users' flat TTFT <= ttft_s), P99 TTFT by class."""
+    short = [r for r in records if not targets.is_document(r["prompt_tokens"])]
+    docs = [r for r in records if targets.is_document(r["prompt_tokens"])]
+    out = {"return": round(ledger.total, 6), "requests": len(records)}
+    met = [ledger.outcome[r["rid"]] == "met" for r in records]
+    out["slo_attainment"] = round(float(np.mean(met)), 6) if met else None
+    flat = [r["status"] == "ok" and r["ttft_s"] <= targets.ttft_s for r in records]
+    out["ttft_attainment_flat"] = round(float(np.mean(flat)), 6) if flat else None
+    for name, rs in (("short", short), ("documents", docs)):
+        ttft = [r["ttft_s"] for r in rs if r["status"] == "ok"]
+        out[f"p99_ttft_{name}_s"] = round(float(np.percentile(ttft, 99)), 6) if ttft else None
+        out[f"slo_{name}"] = round(float(np.mean([ledger.outcome[r["rid"]] == "met"
+                                                  for r in rs])), 6) if rs else None
+        out[f"dropped_{name}"] = sum(ledger.outcome[r["rid"]] == "dropped" for r in rs)
+    return out

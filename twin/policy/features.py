@@ -1,0 +1,174 @@
+"""What a learned scheduler sees of one scheduling pass, and the SLO it is judged by.
+
+`pass_features(snap, targets)` is a fixed-size vector computed from the `Snapshot` alone,
+so the twin's training environment and the live engine (through the plugin) compute the
+same numbers. Every entry is clipped to [-1, 1]; docs/rl.md lists them (`FEATURE_NAMES`).
+`SloTargets` is the goal: a request meets its SLO when its TTFT is within its target (the
+tier's base, plus an allowance per prompt token for documents) and its TPOT within the
+TPOT target. Pure numpy; no clock, no engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from twin.policy.base import RequestView, Snapshot
+
+#: waiting requests described one by one (the oldest by arrival); the rest in aggregates
+K_SLOTS = 8
+SLOT_FIELDS = ("present", "log_prompt", "log_uncached", "cached_share", "wait_over_target",
+               "tier", "is_document")
+QUEUE_FIELDS = ("log_waiting", "short_share", "log_uncached_total", "log_uncached_min",
+                "max_wait_over_target", "late_share", "late_short_share", "log_documents")
+RUN_FIELDS = ("log_running", "running_documents_share", "log_tokens_left", "kv_used",
+              "kv_free", "kv_evictable", "reserved_share")
+SLO_FIELDS = ("running_ttft_missed_share", "running_ttft_over_target", "running_tpot_missed_share")
+
+
+def feature_names(k: int = K_SLOTS) -> tuple[str, ...]:
+    slots = tuple(f"w{i}_{f}" for i in range(k) for f in SLOT_FIELDS)
+    return slots + QUEUE_FIELDS + RUN_FIELDS + SLO_FIELDS
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """The SLO: TTFT <= `ttft_s` (or the tier's entry in `tier_ttft_s`, `[[tier, s], ...]`)
+    plus `doc_ttft_s_per_token` x prompt tokens for prompts of `doc_tokens` or more; and
+    TPOT <= `tpot_s` (None: no TPOT target)."""
+
+    ttft_s: float = 1.5
+    tpot_s: float | None = 0.1
+    doc_tokens: int = 4096
+    doc_ttft_s_per_token: float = 5e-4
+    tier_ttft_s: tuple[tuple[int, float], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        nums = [self.ttft_s, self.doc_ttft_s_per_token, *(s for _, s in self.tier_ttft_s)]
+        if self.tpot_s is not None:
+            nums.append(self.tpot_s)
+        if not all(math.isfinite(x) and x >= 0 for x in nums) or self.ttft_s <= 0:
+            raise ValueError(f"SLO targets {self}: times must be finite, >= 0 (ttft > 0)")
+        if self.doc_tokens < 1:
+            raise ValueError(f"SLO doc_tokens {self.doc_tokens}: must be >= 1")
+
+    def base_ttft(self, priority: int) -> float:
+        for tier, s in self.tier_ttft_s:
+            if tier == priority:
+                return s
+        return self.ttft_s
+
+    def ttft_target(self, prompt_tokens: int, priority: int) -> float:
+        extra = prompt_tokens * self.doc_ttft_s_per_token if self.is_document(prompt_tokens) \
+            else 0.0
+        return self.base_ttft(priority) + extra
+
+    def is_document(self, prompt_tokens: int) -> bool:
+        return prompt_tokens >= self.doc_tokens
+
+    def met(self, ttft_s: float | None, tpot_s: float | None, prompt_tokens: int,
+            priority: int) -> bool:
+        if ttft_s is None or ttft_s > self.ttft_target(prompt_tokens, priority):
+            return False
+        return self.tpot_s is None or tpot_s is None or tpot_s <= self.tpot_s
+
+    def to_json(self) -> dict:
+        return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "doc_tokens": self.doc_tokens,
+                "doc_ttft_s_per_token": self.doc_ttft_s_per_token,
+                "tier_ttft_s": [list(x) for x in self.tier_ttft_s]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> SloTargets:
+        d = dict(d)
+        d["tier_ttft_s"] = tuple((int(t), float(s)) for t, s in d.get("tier_ttft_s", ()))
+        return cls(**d)
+
+
+def _log(x, scale: float):
+    return np.log1p(np.maximum(x, 0)) / scale
+
+
+def _arrays(views: tuple[RequestView, ...]) -> dict[str, np.ndarray]:
+    return {
+        "arrival": np.array([r.arrival_s for r in views], float),
+        "prompt": np.array([r.prompt_tokens for r in views], float),
+        "prefix": np.array([r.prefix_len for r in views], float),
+        "prio": np.array([r.priority for r in views], float),
+    }
+
+
+def _targets(t: SloTargets, prompt: np.ndarray, prio: np.ndarray) -> np.ndarray:
+    base = np.full(len(prompt), t.ttft_s)
+    for tier, s in t.tier_ttft_s:
+        base[prio == tier] = s
+    doc = prompt >= t.doc_tokens
+    return base + np.where(doc, prompt * t.doc_ttft_s_per_token, 0.0)
+
+
+def waiting_targets(snap: Snapshot, t: SloTargets) -> np.ndarray:
+    """Each waiting request's TTFT target (seconds), in queue order."""
+    a = _arrays(snap.waiting)
+    return _targets(t, a["prompt"], a["prio"])
+
+
+def pass_features(snap: Snapshot, t: SloTargets, k: int = K_SLOTS) -> np.ndarray:
+    """The observation of one pass (`feature_names(k)` says what each entry is)."""
+    return np.clip(np.concatenate([_waiting(snap, t, k), _running(snap, t)]), -1.0, 1.0)
+
+
+def _waiting(snap: Snapshot, t: SloTargets, k: int) -> np.ndarray:
+    n = len(snap.waiting)
+    slots = np.zeros((k, len(SLOT_FIELDS)))
+    queue = np.zeros(len(QUEUE_FIELDS))
+    queue[0] = _log(n, 6)
+    if not n:
+        return np.concatenate([slots.ravel(), queue])
+    a = _arrays(snap.waiting)
+    prompt, prefix = a["prompt"], np.minimum(a["prefix"], a["prompt"])
+    uncached = prompt - prefix
+    target = _targets(t, prompt, a["prio"])
+    late = (snap.now - a["arrival"]) / target  # the wait so far in units of the TTFT target
+    doc = prompt >= t.doc_tokens
+    oldest = sorted(range(n), key=lambda i: (a["arrival"][i], i))[:k]
+    for s, i in enumerate(oldest):
+        slots[s] = (1.0, _log(prompt[i], 12), _log(uncached[i], 12),
+                    prefix[i] / max(prompt[i], 1.0), min(late[i], 8.0) / 8, a["prio"][i] / 20,
+                    float(doc[i]))
+    short = ~doc
+    queue[1:] = (short.mean(), _log(uncached.sum(), 14), _log(uncached.min(), 12),
+                 min(late.max(), 8.0) / 8, (late > 1).mean(),
+                 (late[short] > 1).mean() if short.any() else 0.0, _log(doc.sum(), 4))
+    return np.concatenate([slots.ravel(), queue])
+
+
+def _running(snap: Snapshot, t: SloTargets) -> np.ndarray:
+    cap = max(snap.kv_capacity, 1)
+    r = snap.running
+    n = len(r)
+    run = np.zeros(len(RUN_FIELDS))
+    slo = np.zeros(len(SLO_FIELDS))
+    run[0] = _log(n, 6)
+    used = cap - snap.kv_free - snap.kv_evictable
+    run[3:6] = (used / cap, snap.kv_free / cap, snap.kv_evictable / cap)
+    if not n:
+        return np.concatenate([run, slo])
+    a = _arrays(r)
+    left = np.array([x.max_new_tokens - x.generated_tokens for x in r], float)
+    run[1] = (a["prompt"] >= t.doc_tokens).mean()
+    run[2] = _log(left.sum(), 12)
+    run[6] = sum(x.reserved_tokens for x in r) / cap
+    first = np.array([np.nan if x.first_token_s is None else x.first_token_s for x in r])
+    started = ~np.isnan(first)
+    if started.any():
+        ttft = (first - a["arrival"])[started]
+        ratio = ttft / _targets(t, a["prompt"], a["prio"])[started]
+        slo[0] = (ratio > 1).mean()
+        slo[1] = min(ratio.mean(), 4.0) / 4
+    gen = np.array([x.generated_tokens for x in r], float)
+    decoding = started & (gen > 1)
+    if decoding.any() and t.tpot_s:
+        tpot = (snap.now - first[decoding]) / (gen[decoding] - 1)
+        slo[2] = (tpot > t.tpot_s).mean()
+    return np.concatenate([run, slo])
