@@ -1,14 +1,16 @@
 """KV memory per allocator on long-context mixes: effective utilization, fragmentation,
-failures, copies. Samples the allocator's statistics every `--every` simulated seconds
-(a SimPy process beside the replica) and prints the table of docs/memory.md.
+failures, copies. The numbers are each run's summary `memory` section (`twin.memory_stats`,
+the same `servetwin simulate` prints), the replica sampling every `--every` simulated
+seconds; prints the table of docs/memory.md.
 
     python benchmarks/allocators.py [--workloads finance-qa long-64k-128k] [--every 0.25]
 
-Columns: `util` = tokens holding KV / capacity, averaged over the samples; `util|q` the same
-over the samples where requests were waiting (memory is the limit then); `alloc` allocated
-/ capacity; `int` internal fragmentation (allocated but unused / allocated), `ext` external
-(1 - largest free block or run / free), both averaged; `idle` (allocated - stored +
-reserve) / capacity; `oom`/`frag` failed allocations; `realloc`/`moved` buddy growth copies.
+Columns (docs/memory.md defines each): `util` = tokens holding KV / capacity, averaged
+over the samples; `util|q` the same over the samples where requests were waiting (memory
+is the limit then); `alloc` allocated / capacity; `int` internal fragmentation (allocated
+but unused / allocated), `ext` external (1 - largest free block or run / free), both
+averaged; `idle` (allocated - stored + reserve) / capacity; `oom`/`frag` failed
+allocations; `realloc`/`moved` buddy growth copies.
 
 The replica reserves at admission (contiguous: prompt + max new tokens; buddy: a block
 for the round's own tokens), charges re-allocation and compaction copies at HBM bandwidth
@@ -27,7 +29,8 @@ import numpy as np
 import simpy
 
 from twin.config import ServerArgs
-from twin.metrics import twin_records
+from twin.memory_stats import memory_summary
+from twin.metrics import SERIES_FIELDS, twin_records
 from twin.sim import SimConfig, build_replica
 from twin.workload import PRESETS, Workload, from_spec
 
@@ -41,47 +44,49 @@ ALLOCATORS = ["token", "paged", "buddy", "contiguous"]
 MIB = 2**20
 
 
+def config(name: str, every: float, args: ServerArgs, gpu: str, min_block_mib: float = 256,
+           defrag: tuple[int, float] | None = None) -> SimConfig:
+    return SimConfig(args=args, gpu=gpu, step_time_backend="roofline", kv_allocator=name,
+                     buddy_min_block_bytes=min_block_mib * MIB, sample_every_s=every,
+                     defrag_every=defrag[0] if defrag else None,
+                     defrag_threshold=defrag[1] if defrag else None)
+
+
 def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
         min_block_mib: float = 256, defrag: tuple[int, float] | None = None) -> dict:
-    cfg = SimConfig(args=args, gpu=gpu, step_time_backend="roofline", kv_allocator=name,
-                    buddy_min_block_bytes=min_block_mib * MIB,
-                    defrag_every=defrag[0] if defrag else None,
-                    defrag_threshold=defrag[1] if defrag else None)
+    cfg = config(name, every, args, gpu, min_block_mib, defrag)
     env = simpy.Environment()
     rep, _ = build_replica(env, workload, cfg)
-    proc = env.process(rep.run())
-    rows = []
-
-    def sample():
-        while proc.is_alive:
-            yield env.timeout(every)
-            s = rep.alloc.stats()
-            rows.append((s.effective_utilization, s.allocated / s.capacity,
-                         s.internal_fragmentation, s.external_fragmentation,
-                         (s.allocated - s.stored + s.reserved) / s.capacity,
-                         bool(rep.waiting)))
-
-    env.process(sample())
+    env.process(rep.run())
     t0 = time.process_time()
     env.run()
     cpu = time.process_time() - t0
-    a = np.array(rows, dtype=float)
-    queued = a[a[:, 5] > 0]
-    s = rep.alloc.stats()
+    return row(rep, env.now, cpu, name, min_block_mib, defrag)
+
+
+def row(rep, sim_s: float, cpu: float, name: str, min_block_mib: float,
+        defrag: tuple[int, float] | None) -> dict:
+    """One table row: the run's summary `memory` section (twin.memory_stats) and a few
+    run totals."""
+    m = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(), rep.alloc.name,
+                       rep.cap.kv_bytes_per_token, dict(rep.counters.__dict__))
     recs = twin_records(rep.finished, rep.step_end)
     ok = [r for r in recs if r["status"] == "ok"]
     label = f"buddy {min_block_mib:g} MiB" if name == "buddy" else name
     if defrag:
         label += f" + defrag {defrag[0]}/{defrag[1]:g}"
-    return {"allocator": label, "compactions": s.compactions, "util": a[:, 0].mean(),
-            "util|q": queued[:, 0].mean() if len(queued) else float("nan"),
-            "alloc": a[:, 1].mean(), "int": a[:, 2].mean(), "ext": a[:, 3].mean(),
-            "idle": a[:, 4].mean(), "oom": s.failures_oom, "frag": s.failures_fragmented,
-            "realloc": s.reallocations, "moved": s.tokens_moved, "ok": len(ok),
-            "stall_s": rep.counters.stall_s,
-            "n": len(recs), "retract": rep.counters.retractions, "sim_s": env.now,
+    nan = float("nan")
+    return {"allocator": label, "compactions": m["compactions"],
+            "util": m["effective_utilization"]["mean"],
+            "util|q": m["effective_utilization"]["while_waiting"] or nan,
+            "alloc": m["allocated_share"], "int": m["internal_fragmentation"]["mean"],
+            "ext": m["external_fragmentation"]["mean"], "idle": m["idle_share"],
+            "oom": m["alloc_failures"]["oom"], "frag": m["alloc_failures"]["fragmentation"],
+            "realloc": m["reallocations"], "moved": m["tokens_moved"],
+            "stall_s": m["copy_stall_s"], "ok": len(ok), "n": len(recs),
+            "retract": rep.counters.retractions, "sim_s": sim_s,
             "p99_ttft": float(np.percentile([r["ttft_s"] for r in ok], 99)) if ok else 0.0,
-            "cpu_s": cpu, "capacity": s.capacity}
+            "cpu_s": cpu, "capacity": m["capacity_tokens"], "memory": m}
 
 
 COLS = ["allocator", "util", "util|q", "alloc", "int", "ext", "idle", "oom", "frag",

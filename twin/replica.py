@@ -592,11 +592,13 @@ class Replica(KVMemory):
     def _sample(self, now: float) -> None:
         if now < self._next_sample:
             return
+        from twin.memory_stats import fragmentation_columns
+
         cached = self.tree.total_tokens if self.tree else 0
         st = self.alloc.stats()
         self.series.append((round(now, 6), len(self.running), len(self.waiting), st.stored,
                             st.allocated, st.largest_free_run, cached,
-                            round(self.new_token_ratio, 4)))
+                            round(self.new_token_ratio, 4), *fragmentation_columns(st)))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.progress is not None:
             self.progress(len(self.finished), now)

@@ -14,6 +14,7 @@ from twin.decider import Decider
 from twin.errors import ConfigError
 from twin.inputs import COUNT, FINITE, NON_NEGATIVE, POSITIVE, Rule, check, check_optional
 from twin.memory import make_allocator
+from twin.memory_stats import memory_summary
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
 from twin.outputs import atomic_write_text, atomic_writer
 from twin.perf import StepTimeModel, make_step_time
@@ -214,4 +215,6 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     counters = dict(rep.counters.__dict__)
     summary = summarize(records, slo)
     summary["engine"] = {"backend": backend, "gpu": cfg.gpu, **counters}
+    summary["memory"] = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(),
+                                       rep.alloc.name, rep.cap.kv_bytes_per_token, counters)
     return SimResult(records, summary, rep.series, rep.cap, backend, counters)
