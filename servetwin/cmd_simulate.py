@@ -146,7 +146,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.out:
         check_out_dir(ns.out)
     if not ns.json:
-        print("\n".join(calibrated))
+        for line in calibrated:
+            print(line)
         _print_header(cap, workload, args, gpu)
     progress = Progress(len(workload.requests))
     result = simulate(workload, cfg, slo, progress=progress)

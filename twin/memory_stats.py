@@ -101,20 +101,23 @@ def format_memory(m: dict) -> list[str]:
         f"memory ({m['allocator']}, {m['capacity_tokens']:,} KV tokens"
         + (f", {m['reserved_tokens']:,} reserved" if m["reserved_tokens"] else "")
         + f"; {m['samples']} samples):",
-        f"  stored    mean {f(m['stored_tokens']['mean'], False)}  peak "
+        f"  stored tokens     mean {f(m['stored_tokens']['mean'], False)}  peak "
         f"{f(m['stored_tokens']['peak'], False)};  allocated mean "
-        f"{f(m['allocated_tokens']['mean'], False)}  peak {f(m['allocated_tokens']['peak'], False)}",
-        f"  effective utilization mean {f(u['mean'])} (while requests wait "
-        f"{f(u['while_waiting'])}), peak {f(u['peak'])}; idle {f(m['idle_share'])}",
-        f"  fragmentation  internal mean {f(i['mean'])} p99 {f(i['p99'])} max {f(i['max'])};"
-        f"  external mean {f(e['mean'])} p99 {f(e['p99'])} max {f(e['max'])}",
-        f"  largest free run min {f(m['largest_free_run_tokens']['min'], False)}  mean "
+        f"{f(m['allocated_tokens']['mean'], False)}  peak "
+        f"{f(m['allocated_tokens']['peak'], False)}",
+        f"  effective utilization  mean {f(u['mean'])}  while requests wait "
+        f"{f(u['while_waiting'])}  peak {f(u['peak'])};  idle {f(m['idle_share'])}",
+        f"  fragmentation     internal  mean {f(i['mean'])}  p99 {f(i['p99'])}  max "
+        f"{f(i['max'])}",
+        f"                    external  mean {f(e['mean'])}  p99 {f(e['p99'])}  max "
+        f"{f(e['max'])}",
+        f"  largest free run  min {f(m['largest_free_run_tokens']['min'], False)}  mean "
         f"{f(m['largest_free_run_tokens']['mean'], False)} tokens",
-        f"  allocation failures: OOM {fails['oom']}, fragmentation {fails['fragmentation']};"
-        f" reallocations {m['reallocations']}; compactions {m['compactions']}; moved "
-        f"{m['tokens_moved']:,} tokens ({m['bytes_moved'] / 2**30:.2f} GiB, stall "
-        f"{m['copy_stall_s']:.3f} s)",
-        f"  swap: out {swap['outs']}, in {swap['ins']}, {swap['bytes'] / 2**30:.2f} GiB; "
-        f"radix cache mean {f(radix['mean_tokens'], False)} tokens "
+        f"  failed allocations: OOM {fails['oom']}, fragmentation {fails['fragmentation']}; "
+        f"reallocations {m['reallocations']}; compactions {m['compactions']}",
+        f"  moved {m['tokens_moved']:,} tokens ({m['bytes_moved'] / 2**30:.2f} GiB), copy "
+        f"stall {m['copy_stall_s']:.3f} s; swaps out {swap['outs']}, in {swap['ins']} "
+        f"({swap['bytes'] / 2**30:.2f} GiB)",
+        f"  radix cache       mean {f(radix['mean_tokens'], False)} tokens "
         f"({f(radix['share_of_stored'])} of stored), peak {f(radix['peak_tokens'], False)}",
     ]
