@@ -128,15 +128,16 @@ def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc) ->
     sp = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
     queue = make_reqs(n, "w")
     candidate = queue[n // 2]
+    batch = SimpleNamespace(reqs=running)
     rows = [("SGLang's own", n,
-             per_call_us(lambda: own_calc(sp, queue, None, 0), calls),
+             per_call_us(lambda: own_calc(sp, queue, batch, 0), calls),
              per_call_us(lambda: PrefillAdder.preempt_to_schedule(
                  make_adder(PrefillAdder, running), candidate), calls))]
     for label, rt in runtimes.items():
         hooks._RUNTIME = rt
-        sp.calc_priority(queue, None, processed_tokens=0)  # this pass's views
+        sp.calc_priority(queue, batch, processed_tokens=0)  # this pass's views
         rows.append((label, n,
-                     per_call_us(lambda: sp.calc_priority(queue, None, processed_tokens=0),
+                     per_call_us(lambda: sp.calc_priority(queue, batch, processed_tokens=0),
                                  calls),
                      per_call_us(lambda: make_adder(adder_cls, running)
                                  .preempt_to_schedule(candidate), calls)))

@@ -169,6 +169,7 @@ class PluginRuntime:
         self.logs_native = native and self._log is not None
         self.pass_queue: list | None = None  # this pass's waiting queue (the scheduler's list)
         self.pass_views: tuple | None = None  # its views, in the queue's order
+        self.pass_running: dict[int, tuple] = {}  # id(req) -> (req, view) of this pass's batch
         self.processed_tokens = 0
         self.waiting_views = WaitingViews()
         if self._log is not None:
@@ -213,7 +214,7 @@ class PluginRuntime:
 
     # order ------------------------------------------------------------------------------
     def on_order(self, queue: list, running_batch, processed_tokens: int, before) -> None:
-        self.pass_queue, self.pass_views = queue, None
+        self.pass_queue, self.pass_views, self.pass_running = queue, None, {}
         self.processed_tokens = processed_tokens
         if self.native:
             if before is not None:
@@ -239,8 +240,10 @@ class PluginRuntime:
     def order_snapshot(self, queue: list, running_batch) -> Snapshot:
         ratio = self._ratio()
         running = running_batch.reqs if running_batch is not None else ()
-        return self._snapshot(self.waiting_views.of(queue, ratio), views(running, True, ratio),
-                              ratio)
+        run_views = views(running, True, ratio)
+        # nothing a running view reads changes before this pass's preempt questions
+        self.pass_running = {id(r): (r, v) for r, v in zip(running, run_views, strict=True)}
+        return self._snapshot(self.waiting_views.of(queue, ratio), run_views, ratio)
 
     def _log_native_order(self, queue: list, running_batch, before: list) -> None:
         t0 = time.perf_counter()
@@ -294,8 +297,16 @@ class PluginRuntime:
             if known is None or len(known) != len(queue):
                 known = views(queue, False, ratio)
             waiting = known[:idx] + (fresh,) + known[idx + 1:]
-        return self._snapshot(waiting, views(valid, True, ratio), ratio, candidate=idx,
-                              tokens_needed=tokens_needed(adder, req))
+        return self._snapshot(waiting, self._running_views(valid, ratio), ratio,
+                              candidate=idx, tokens_needed=tokens_needed(adder, req))
+
+    def _running_views(self, valid: list, ratio: float) -> tuple:
+        known, out = self.pass_running, []
+        for r in valid:
+            hit = known.get(id(r))
+            out.append(hit[1] if hit is not None and hit[0] is r
+                       else req_view(r, True, ratio))
+        return tuple(out)
 
     def _native_preempt(self, adder, req, own) -> bool:
         t0 = time.perf_counter()
