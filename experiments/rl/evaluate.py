@@ -1,0 +1,73 @@
+"""Scoring policies on held-out episodes: the heuristics of the registry and a learned one.
+
+An evaluation episode is the environment's first draw for a seed (`reset(seed=...)`
+draws the same one), optionally at a fixed load; each policy runs it on the deployed
+path (a `PolicyDecider` asked at every pass, as `servetwin simulate --policy` and the
+plugin ask it) and is scored by the environment's `Ledger`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from gymnasium.utils import seeding
+
+from experiments.rl.config import EnvConfig, draw_episode
+from experiments.rl.env import capacity_of, step_time_for
+from experiments.rl.episode import episode_stats, run_policy
+from twin.policy import Policy, PolicySpec, build_policy
+from twin.workload import Workload
+
+#: held-out evaluation seeds start here (training draws its episodes from seeds below)
+EVAL_SEED_BASE = 1_000_000
+
+
+def eval_seeds(n: int) -> list[int]:
+    return [EVAL_SEED_BASE + i for i in range(n)]
+
+
+def episode_workload(cfg: EnvConfig, seed: int, options: dict | None = None) -> Workload:
+    rng, _ = seeding.np_random(seed)
+    return draw_episode(cfg, capacity_of(cfg), rng, options)[0]
+
+
+def heuristic_specs(cfg: EnvConfig) -> dict[str, PolicySpec]:
+    """Every heuristic in the registry by a label: SGLang's policies, `priority`, the
+    users' `slices` in each mode, and each menu rule alone (`menu:RULE`, with the SLO
+    targets of `cfg`)."""
+    specs = {n: PolicySpec(n) for n in ("fcfs", "lof", "lpm", "hrrn", "dfs-weight",
+                                        "shortest-prefill-first", "random", "priority")}
+    for mode in ("conservative", "moderate", "aggressive"):
+        specs[f"slices:{mode}"] = PolicySpec("slices", {"mode": mode})
+    t = cfg.targets.to_json()
+    for rule in cfg.menu:
+        specs[f"menu:{rule}"] = PolicySpec("menu", {"rule": rule, **t})
+    return specs
+
+
+def evaluate_policy(cfg: EnvConfig, policy: Policy | Callable[[], Policy], seeds: list[int],
+                    options: dict | None = None) -> list[dict]:
+    """Episode statistics (`episode_stats`) of `policy` on each seed's episode."""
+    out = []
+    for seed in seeds:
+        pol = policy if isinstance(policy, Policy) else policy()
+        wl = episode_workload(cfg, seed, options)
+        ledger, records, _ = run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg), pol)
+        out.append({"seed": seed, **episode_stats(ledger, records, cfg.targets)})
+    return out
+
+
+def evaluate_spec(cfg: EnvConfig, spec: PolicySpec, seeds: list[int],
+                  options: dict | None = None) -> list[dict]:
+    return evaluate_policy(cfg, lambda: build_policy(spec), seeds, options)
+
+
+def mean_stats(rows: list[dict]) -> dict:
+    """Means over episodes of every numeric statistic (None where no episode has it)."""
+    keys = [k for k in rows[0] if k != "seed"]
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in rows if r[k] is not None]
+        out[k] = round(float(np.mean(vals)), 6) if vals else None
+    return out
