@@ -16,11 +16,12 @@ the twin's scheduler `ingress_s` after it was sent, and each token reaches the c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from calibration.deployment import server_differences
 from calibration.profiles import HARNESS_GPU, check_profile, read_profile
 from calibration.session import server_facts
 from twin.compare import Comparison, compare_records, format_markdown, format_table
@@ -38,6 +39,8 @@ class Validation:
     backend: str
     step_check: dict  # the profile's step times against this live run's own steps
     rescaled: Comparison | None = None  # a twin with steps scaled by the measured drift
+    # the server's own arguments (the twin's) that differ from those the profile recorded
+    deployment: list[str] = field(default_factory=list)
 
     def table(self) -> str:
         return format_table(self.comparison, "twin", "live")
@@ -84,7 +87,16 @@ def simulate_like(workload: Workload, info: dict, profile: dict,
     result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU), step_time=step)
     # the twin's queue_s already starts where SGLang's queue_time does (the scheduler
     # taking the request in), so records compare as they are
-    return [_client_view(rec, ingress, egress) for rec in result.records], step
+    return TwinRecords((_client_view(rec, ingress, egress) for rec in result.records),
+                       result.summary["memory"]), step
+
+
+class TwinRecords(list):
+    """The twin's records of a run, and its summary's `memory` section."""
+
+    def __init__(self, records, memory: dict) -> None:
+        super().__init__(records)
+        self.memory = memory
 
 
 def _client_view(rec: dict, ingress: float, egress: float) -> dict:
@@ -114,7 +126,8 @@ def validate(url: str, profile_path: Path, workload: Workload, out: Path | None 
     cmp = compare_records(twin_records, live.records)
     check = step_check(live.records, facts.info, step)
     v = Validation(workload.name, live.records, twin_records, cmp, warnings + cmp.warnings(),
-                   live.meta, step.describe(), check)
+                   live.meta, step.describe(), check,
+                   deployment=server_differences(profile, facts.info))
     k = drift(check)
     if k is not None:
         rescaled, _ = simulate_like(at_send_times(workload, live.records), facts.info,
@@ -196,8 +209,10 @@ def write_outputs(v: Validation, out: Path, profile_path: Path) -> None:
 
     (out / "twin").mkdir(parents=True, exist_ok=True)
     write_records(out / "twin" / "requests.jsonl", v.twin_records)
-    atomic_write_text(out / "twin" / "summary.json",
-                      json.dumps(summarize(v.twin_records), indent=2))
+    summary = summarize(v.twin_records)
+    if isinstance(v.twin_records, TwinRecords):
+        summary["memory"] = v.twin_records.memory
+    atomic_write_text(out / "twin" / "summary.json", json.dumps(summary, indent=2))
     atomic_write_text(out / "fidelity.md",
                       f"Workload `{v.workload}`; profile `{profile_path}`; twin step time: "
                       f"{v.backend}\n\n{v.markdown()}\n\n"

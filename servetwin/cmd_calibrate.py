@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--out", type=Path, default=Path("out/validate"),
                    help="output directory (default out/validate)")
     v.add_argument("--force", action="store_true",
-                   help="use a profile made on another model or SGLang version (warns)")
+                   help="use a profile made on another model, SGLang version or device "
+                   "(warns)")
     v.set_defaults(func=run_validate)
 
 
@@ -141,6 +142,9 @@ def run_validate(ns: argparse.Namespace) -> int:
     progress.close()
     print(f"workload: {workload.name} ({len(workload.requests)} requests); twin step time: "
           f"{v.backend}")
+    print("twin deployment: the server's own arguments (/server_info)" + (
+        "; the profile recorded other values (the twin follows the server): "
+        + "; ".join(v.deployment) if v.deployment else ", the same as the profile's"))
     print(v.table())
     print(format_step_check(v.step_check, v.rescaled))
     for w in v.warnings:

@@ -117,3 +117,15 @@ def test_a_profile_without_a_deployment_keeps_the_defaults(tmp_path, capsys):
     code, out, _ = simulate(capsys, "--calibration", str(path), "--model-path",
                             "Qwen/Qwen3-8B", "--tp-size", "1")
     assert code == 0 and "the profile does not name its GPU" in out
+
+
+def test_validate_twin_is_the_live_server_and_reports_what_differs(profile):
+    from calibration.deployment import server_differences
+    from calibration.validate import simulate_like
+    from twin.workload import from_spec
+
+    prof = json.loads(profile.read_text())
+    info = dict(prof["server_args"], version="0.5.23", max_running_requests=32)
+    assert server_differences(prof, info) == ["max_running_requests: profile 16, server 32"]
+    records, _ = simulate_like(from_spec(WORKLOAD, 0), info, prof)
+    assert len(records) == 6 and records.memory["capacity_tokens"] == 16384
