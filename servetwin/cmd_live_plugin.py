@@ -41,6 +41,15 @@ def print_plugin_env(args: argparse.Namespace) -> None:
           "start the server with")
     for key, value in env.items():
         print(f"export {key}={shlex.quote(value)}")
+    from twin.policy.registry import PolicyError, build_policy
+
+    try:
+        policy = build_policy(args.policy)
+    except PolicyError as exc:
+        raise UserError(str(exc)) from exc
+    if policy.preempts:
+        print("# this policy preempts: SGLang asks for victims only with "
+              "--enable-priority-scheduling (and only when request slots run out)")
 
 
 def require_plugin(harness) -> None:
