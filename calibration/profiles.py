@@ -22,6 +22,7 @@ import numpy as np
 
 from calibration.deployment import HARNESS_GPU, check, model_name, server_identity
 from calibration.fit import fit_step_time
+from calibration.session import CalibrationError
 from twin.config import ServerArgs
 
 FORMAT = 1
@@ -71,7 +72,12 @@ def request_path(samples: Sequence[dict]) -> dict:
 
 
 def build_profile(samples: Sequence[dict], info: dict, sources: list[str],
-                  device_note: str = "") -> dict:
+                  device_note: str = "", gpu: str | None = None) -> dict:
+    """The profile of a server (`info`: its `/server_info`); `gpu` names the twin's GPU
+    type of a GPU server (`/server_info` does not say), so `simulate --calibration` takes
+    it as the device."""
+    if gpu and info.get("device") == "cpu":
+        raise CalibrationError(f"--gpu {gpu}: the server runs on the CPU")
     base_name, factory = base_for(info)
     tp = int(info.get("tp_size") or 1)
     fitted = fit_step_time(samples, tp, factory, base_name)
@@ -83,7 +89,7 @@ def build_profile(samples: Sequence[dict], info: dict, sources: list[str],
         "engine": {"name": ident["engine"], "version": ident["version"]},
         "model": {"name": ident["model"], "path": info.get("model_path")},
         "device": {"kind": info.get("device") or "cuda", "tp_size": tp,
-                   "machine": device_note or machine()},
+                   "machine": device_note or machine(), **({"gpu": gpu} if gpu else {})},
         "server_args": server_args_subset(info),
         **fitted,
         "request_path": request_path(samples),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servetwin.args import add_workload_args
 from twin.errors import ConfigError
+from twin.hardware import GPUS
 from twin.workload import SPEC_HELP
 
 
@@ -32,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-bench-serving", type=Path, action="append", default=[],
                    metavar="FILE", help="also fit on a bench_serving --output-details file "
                    "(repeatable)")
+    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+                   help="the server's GPU type, recorded in the profile as its device "
+                   "(SGLang's /server_info does not name it); not for a CPU server")
     p.set_defaults(func=run_calibrate)
 
     v = sub.add_parser(
@@ -76,7 +80,7 @@ def run_calibrate(ns: argparse.Namespace) -> int:
         info = info or got_info
         samples += got
         sources.append(f"{path} ({len(got)} samples)")
-    profile = build_profile(samples, info or {}, sources)
+    profile = build_profile(samples, info or {}, sources, gpu=ns.gpu)
     write_profile(ns.out, profile)
     print(describe(profile))
     print(f"wrote {ns.out}")

@@ -129,3 +129,23 @@ def test_validate_twin_is_the_live_server_and_reports_what_differs(profile):
     assert server_differences(prof, info) == ["max_running_requests: profile 16, server 32"]
     records, _ = simulate_like(from_spec(WORKLOAD, 0), info, prof)
     assert len(records) == 6 and records.memory["capacity_tokens"] == 16384
+
+
+def test_a_gpu_profile_names_its_gpu_and_simulate_takes_it(tmp_path, capsys):
+    """A GPU server's profile (the real fit on the bench_serving run, the server's info
+    changed to a GPU server's) records the GPU given to `calibrate --gpu`."""
+    from calibration.offline import from_bench_serving
+    from calibration.profiles import build_profile
+
+    samples, info = from_bench_serving(DATA / "bench_serving_cpu.jsonl")
+    info = dict(info, device="cuda", model_path="meta-llama/Llama-3.1-8B",
+                max_total_tokens=50000, max_running_requests=64)
+    prof = build_profile(samples, info, ["test"], gpu="h100-sxm-80gb")
+    assert prof["device"]["gpu"] == "h100-sxm-80gb"
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(prof))
+    code, out, _ = simulate(capsys, "--calibration", str(path))
+    assert code == 0 and "on h100-sxm-80gb" in out and "max_running_requests=64" in out
+    assert "gpu: h100-sxm-80gb (the profile's GPU)" in out
+    code, _, err = simulate(capsys, "--calibration", str(path), "--gpu", "a100-sxm-80gb")
+    assert code == 2 and "device: profile 'h100-sxm-80gb', asked 'a100-sxm-80gb'" in err
