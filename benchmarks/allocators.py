@@ -61,15 +61,15 @@ def run(workload: Workload, name: str, every: float, args: ServerArgs, gpu: str,
     t0 = time.process_time()
     env.run()
     cpu = time.process_time() - t0
-    return row(rep, env.now, cpu, name, min_block_mib, defrag)
+    return row(rep, env.now, cpu, name, min_block_mib, defrag, every)
 
 
 def row(rep, sim_s: float, cpu: float, name: str, min_block_mib: float,
-        defrag: tuple[int, float] | None) -> dict:
+        defrag: tuple[int, float] | None, every: float) -> dict:
     """One table row: the run's summary `memory` section (twin.memory_stats) and a few
     run totals."""
     m = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(), rep.alloc.name,
-                       rep.cap.kv_bytes_per_token, dict(rep.counters.__dict__))
+                       rep.cap.kv_bytes_per_token, dict(rep.counters.__dict__), every)
     recs = twin_records(rep.finished, rep.step_end)
     ok = [r for r in recs if r["status"] == "ok"]
     label = f"buddy {min_block_mib:g} MiB" if name == "buddy" else name

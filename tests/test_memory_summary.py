@@ -165,3 +165,15 @@ def test_the_cli_writes_the_memory_section_and_fragmentation_columns(tmp_path):
     assert m["allocator"] == "buddy" and m["internal_fragmentation"]["max"] > 0
     header = (out / "timeseries.csv").read_text().splitlines()[0].split(",")
     assert header[-2:] == ["kv_internal_fragmentation", "kv_external_fragmentation"]
+
+
+def test_a_sample_stands_for_every_instant_since_the_previous_one():
+    a = TokenPool(100)
+    a.alloc(0, 10)
+    rows = [row(0, a)]
+    a.alloc(1, 30)
+    rows.append(row(3.2, a))  # a long step: instants 1, 2 and 3 see 40 stored
+    m = summary(rows, a)
+    assert m["samples"] == 2 and m["stored_tokens"] == {"mean": 32.5, "peak": 40}
+    half = memory_summary(rows, SERIES_FIELDS, a.stats(), "token", 1.0, {}, 0.5)
+    assert half["stored_tokens"]["mean"] == (10 + 6 * 40) / 7

@@ -3,9 +3,10 @@
 One implementation for `servetwin simulate` (summary.json and the printed summary) and
 `benchmarks/allocators.py`. The replica samples its allocator's `stats()` into the series
 (`twin.metrics.SERIES_FIELDS`) at the first scheduling pass at or after every
-`sample_every_s` of simulated time; means, percentiles and peaks here are over those
-samples (a stretch with nothing to do gives one sample when it ends, and a peak between
-two samples is not seen). Counts (failures, compactions, copies, swaps) are the
+`sample_every_s` of simulated time. Means and percentiles here are over the sampling
+instants: a sample stands for every instant since the previous one (a long prefill step
+or an idle stretch crosses several), so they are time averages at that resolution; a
+peak between two samples is not seen. Counts (failures, compactions, copies, swaps) are the
 allocator's and the replica's running totals at the end. Definitions: docs/memory.md.
 """
 
@@ -46,12 +47,21 @@ def _low(values: np.ndarray) -> int | None:
     return int(values.min()) if values.size else None
 
 
+def sample_weights(t: np.ndarray, every_s: float) -> np.ndarray:
+    """How many sampling instants (multiples of `every_s`) each sample stands for: those
+    since the previous sample (a long step or an idle stretch crosses several)."""
+    ticks = np.floor(t / every_s + 1e-9)
+    return np.maximum(np.diff(ticks, prepend=-1.0), 1).astype(int)
+
+
 def memory_summary(series: Sequence[tuple], fields: Sequence[str], final: AllocatorStats,
-                   allocator: str, bytes_per_token: float, counters: dict) -> dict:
-    """The `memory` section: `series` rows laid out as `fields`, `final` the allocator's
-    statistics at the end, `counters` the replica's (`swap_outs`, `swap_ins`,
-    `swapped_bytes`, `stall_s`)."""
-    a = np.asarray(series, dtype=float).reshape(-1, len(fields))
+                   allocator: str, bytes_per_token: float, counters: dict,
+                   sample_every_s: float = 1.0) -> dict:
+    """The `memory` section: `series` rows laid out as `fields` (sampled every
+    `sample_every_s`), `final` the allocator's statistics at the end, `counters` the
+    replica's (`swap_outs`, `swap_ins`, `swapped_bytes`, `stall_s`)."""
+    rows = np.asarray(series, dtype=float).reshape(-1, len(fields))
+    a = np.repeat(rows, sample_weights(rows[:, 0], sample_every_s), axis=0)
     col = {name: a[:, i] for i, name in enumerate(fields)}
     cap, reserved = final.capacity, final.reserved
     stored, allocated = col["kv_stored_tokens"], col["kv_allocated_tokens"]
@@ -62,7 +72,7 @@ def memory_summary(series: Sequence[tuple], fields: Sequence[str], final: Alloca
         "allocator": allocator,
         "capacity_tokens": cap,
         "reserved_tokens": reserved,
-        "samples": len(a),
+        "samples": len(rows),
         "stored_tokens": {"mean": _mean(stored), "peak": _peak(stored)},
         "allocated_tokens": {"mean": _mean(allocated), "peak": _peak(allocated)},
         "effective_utilization": {"mean": _mean(util),

@@ -216,5 +216,6 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     summary = summarize(records, slo)
     summary["engine"] = {"backend": backend, "gpu": cfg.gpu, **counters}
     summary["memory"] = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(),
-                                       rep.alloc.name, rep.cap.kv_bytes_per_token, counters)
+                                       rep.alloc.name, rep.cap.kv_bytes_per_token, counters,
+                                       cfg.sample_every_s)
     return SimResult(records, summary, rep.series, rep.cap, backend, counters)
