@@ -91,6 +91,17 @@ class ReplayResult:
     meta: dict
     snapshots: dict[str, dict[str, str]]
     stop_reason: str | None = None
+    # behind an sglang-router: each worker's /metrics, {"before"|"after": {url: text}}
+    worker_metrics: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> list[dict]:
+        """Per-worker split of the run (runtime.worker_split), [] for a single server."""
+        from runtime.worker_split import worker_split
+
+        if not self.worker_metrics:
+            return []
+        return worker_split(self.worker_metrics["before"], self.worker_metrics["after"])
 
     @property
     def lateness(self) -> dict:
@@ -106,6 +117,11 @@ class ReplayResult:
         for when, snap in self.snapshots.items():
             atomic_write_text(out / f"server_info_{when}.json", snap["server_info"])
             atomic_write_text(out / f"metrics_{when}.prom", snap["metrics"])
+        for when, texts in self.worker_metrics.items():
+            for i, text in enumerate(texts.values()):
+                atomic_write_text(out / f"metrics_{when}_worker{i}.prom", text)
+        if self.worker_metrics:
+            atomic_write_text(out / "workers.json", json.dumps(self.workers, indent=2) + "\n")
 
     def check(self) -> None:
         """Raise `ReplayError` when the replay stopped early or the client was too late."""
@@ -128,15 +144,24 @@ def replay(workload: Workload, cfg: ReplayConfig, progress=None,
     facts = facts or probe(cfg.url, cfg.vocab_size)
     flush_error = flush_cache(cfg.url) if cfg.flush_cache else "not asked (--no-flush-cache)"
     before = snapshot(cfg.url)
+    workers = {"before": worker_metrics(facts.workers)} if facts.workers else {}
     run = _Run(workload, cfg, facts, progress)
     try:
         asyncio.run(run.main())
     except KeyboardInterrupt:
         run.stop("interrupted (Ctrl-C)")
     after = snapshot(cfg.url)
-    meta = run.meta() | {"cache_flushed": flush_error is None, "flush_error": flush_error}
+    if facts.workers:
+        workers["after"] = worker_metrics(facts.workers)
+    meta = run.meta() | {"cache_flushed": flush_error is None, "flush_error": flush_error,
+                         "router_workers": list(facts.workers)}
     return ReplayResult(run.records(), meta, {"before": before, "after": after},
-                        run.stop_reason)
+                        run.stop_reason, workers)
+
+
+def worker_metrics(urls) -> dict[str, str]:
+    """Each worker's `/metrics` text (a `# unavailable` note for one that does not answer)."""
+    return {url: snapshot(url)["metrics"] for url in urls}
 
 
 def build_body(req: Request, tokens: SegmentTokens, priority: bool) -> bytes:

@@ -81,7 +81,7 @@ class StreamLog:
         n_out = len(times)
         meta = self.meta
         queue = meta.get("queue_time")
-        return {
+        rec = {
             "rid": self.request.rid,
             "arrival_s": _r(self.arrival_s),
             "prompt_tokens": int(meta.get("prompt_tokens") or self.request.prompt_tokens),
@@ -99,3 +99,20 @@ class StreamLog:
             "status": status,
             "error": error,
         }
+        # Which replica served it, when the server labels itself: a servetwin fleet starts
+        # each worker with `--weight-version replica-N`, which SGLang echoes in meta_info.
+        # After the shared schema's fields, like the twin's own extras.
+        replica = replica_label(meta.get("weight_version"))
+        if replica is not None:
+            rec["replica"] = replica
+        return rec
+
+
+REPLICA_LABEL = "replica-"
+
+
+def replica_label(weight_version: object) -> str | None:
+    """The replica name a fleet worker reports in `meta_info.weight_version`, else None."""
+    if isinstance(weight_version, str) and weight_version.startswith(REPLICA_LABEL):
+        return weight_version
+    return None

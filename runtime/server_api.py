@@ -47,16 +47,31 @@ class ServerFacts:
     priority_scheduling: bool
     context_length: int | None
     max_req_input_len: int | None
+    workers: tuple[str, ...] = ()  # behind an sglang-router: its workers' URLs
 
     @property
     def version(self) -> str:
         return str(self.info.get("version", "?"))
 
 
-def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> ServerFacts:
-    """What the replayer needs to know about the server; `ReplayError` when unreachable."""
+def router_workers(url: str, timeout: float = 10.0) -> list[str]:
+    """The worker URLs an sglang-router at `url` lists (`GET /workers`), [] for a server."""
     try:
-        info = json.loads(_get(url + "/server_info", timeout))
+        body = json.loads(_get(url + "/workers", timeout))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(body, dict) or not isinstance(body.get("workers"), list):
+        return []
+    return [str(w["url"]) for w in body["workers"] if isinstance(w, dict) and "url" in w]
+
+
+def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> ServerFacts:
+    """What the replayer needs to know about the server; `ReplayError` when unreachable.
+    Behind an sglang-router (no `/server_info` of its own), the facts of its first worker,
+    and `workers` lists them all."""
+    workers = tuple(router_workers(url, timeout))
+    try:
+        info = json.loads(_get((workers[0] if workers else url) + "/server_info", timeout))
     except (OSError, ValueError) as exc:
         raise ReplayError(f"cannot reach an SGLang server at {url} (GET /server_info: "
                           f"{describe_url_error(exc)}); is it running, and is the URL "
@@ -68,7 +83,7 @@ def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> Ser
         info=info, vocab_size=vocab, vocab_source=source,
         priority_scheduling=bool(info.get("enable_priority_scheduling")),
         context_length=info.get("context_length"),
-        max_req_input_len=info.get("max_req_input_len"),
+        max_req_input_len=info.get("max_req_input_len"), workers=workers,
     )
 
 
