@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "servetwin.cmd_live",
     "servetwin.cmd_claims",
     "servetwin.cmd_calibrate",
+    "servetwin.cmd_rl",
 )
 
 

@@ -65,6 +65,7 @@ class SchedulingEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (n_obs,), np.float32)
         self.action_space = gym.spaces.Discrete(len(self.cfg.menu))
         self.episode: Episode | None = None
+        self._carry = 0.0  # reward earned before the first question of an episode
         self._zero = np.zeros(n_obs, np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -75,7 +76,7 @@ class SchedulingEnv(gym.Env):
         for skipped in range(100):
             wl, load, cv = draw_episode(self.cfg, self.capacity, self.np_random, options)
             self.episode = Episode(self.cfg, wl, self.step_time, self.capacity)
-            snap, _ = self.episode.advance()  # a question comes before any request leaves
+            snap, self._carry = self.episode.advance()  # paid with the first step
             if snap is not None:
                 info = {"load": load, "burst_cv": cv, "requests": len(wl.requests),
                         "skipped": skipped}
@@ -96,6 +97,7 @@ class SchedulingEnv(gym.Env):
                              f"[0, {self.action_space.n})")
         ep.answer(int(action))
         snap, reward = ep.advance()
+        reward, self._carry = reward + self._carry, 0.0
         done = snap is None
         info = {"sim_time": float(ep.env.now), "decisions": ep.decisions}
         if done:

@@ -1,0 +1,56 @@
+"""`servetwin rl train`: train the RL scheduler in the twin (docs/rl.md). Needs the `rl`
+extra (stable-baselines3, torch); the policy it exports runs without them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rl", help="train the reinforcement-learning scheduler in the twin",
+                       description="Reinforcement learning of the scheduling policy in the "
+                       "twin (docs/rl.md).")
+    rl = p.add_subparsers(dest="rl_command", metavar="RL_COMMAND")
+    t = rl.add_parser("train", help="PPO on servetwin/Scheduling-v0; resumable",
+                      description="Train with PPO (stable-baselines3), evaluate the numpy "
+                      "export on held-out seeds against every registry heuristic, write "
+                      "checkpoints, the exported policy and report.html into --out. Run "
+                      "again with the same --out to resume.")
+    t.add_argument("--out", required=True, type=Path, help="output directory")
+    t.add_argument("--env", default="finance-qa", choices=["finance-qa", "tiny"],
+                   help="environment preset (default finance-qa: the users' deployment)")
+    t.add_argument("--timesteps", type=int, default=20_000, help="total decisions to train")
+    t.add_argument("--n-envs", type=int, default=2, help="environments per rollout")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-every", type=int, default=5_000, help="timesteps between evals")
+    t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per eval")
+    t.set_defaults(func=run_train, _parser=t)
+    p.set_defaults(func=lambda ns: (p.print_help(), 2)[1], _parser=p)
+
+
+def run_train(ns: argparse.Namespace) -> int:
+    from twin.errors import ConfigError
+
+    try:
+        from experiments.rl.train import TrainConfig, train
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"servetwin rl needs the rl extra ({exc.name} is missing): "
+                          f"pip install torch==2.13.0 && pip install -e '.[rl]'") from None
+    try:
+        tc = TrainConfig(env=ns.env, timesteps=ns.timesteps, n_envs=ns.n_envs, seed=ns.seed,
+                         eval_every=ns.eval_every, eval_episodes=ns.eval_episodes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        res = train(ns.out, tc, log=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    last = res["history"][-1]
+    best = res["best_heuristic"]
+    print(f"learned: return {last['return']:+.4f}, SLO {last['slo_attainment']:.1%}; best "
+          f"heuristic {best}: return {res['heuristics'][best]['return']:+.4f}, SLO "
+          f"{res['heuristics'][best]['slo_attainment']:.1%}")
+    print(f"policy: {ns.out / 'policy-best.safetensors'} (--policy learned:FILE); "
+          f"report: {ns.out / 'report.html'}")
+    return 0

@@ -1,0 +1,180 @@
+"""The RL scheduler: environment contract, determinism, accounting, the numpy export, a
+tiny training run, reward shaping, and the shipped policy (docs/rl.md)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from experiments.rl import ENV_ID
+from experiments.rl.config import preset
+from experiments.rl.env import SchedulingEnv
+from experiments.rl.episode import Ledger, run_policy
+from experiments.rl.evaluate import episode_workload, evaluate_policy, mean_stats
+from twin.policy import make_policy
+from twin.policy.check import check_policy
+from twin.policy.features import feature_names
+from twin.policy.learned import LearnedPolicy
+
+TINY = preset("tiny")
+
+
+def rollout(env: SchedulingEnv, seed: int, actions_seed: int = 0, policy=None):
+    """Observations, rewards and the final info of one episode with seeded random
+    actions (or `policy(obs)`)."""
+    rng = np.random.default_rng(actions_seed)
+    obs, info = env.reset(seed=seed)
+    observations, rewards, snaps = [obs], [], [env.episode.decider.pending]
+    while True:
+        act = int(rng.integers(env.action_space.n)) if policy is None else policy(obs)
+        obs, r, term, trunc, info = env.step(act)
+        observations.append(obs)
+        rewards.append(r)
+        snaps.append(env.episode.decider.pending)
+        if term or trunc:
+            return observations, rewards, info, snaps[:-1]
+
+
+def test_check_env_and_registration():
+    env = SchedulingEnv("tiny")
+    check_env(env, skip_render_check=True)
+    made = gym.make(ENV_ID, config="tiny")
+    assert made.observation_space.shape == (len(feature_names()),)
+    obs, _ = made.reset(seed=3)
+    assert made.observation_space.contains(obs)
+
+
+def test_same_seed_and_actions_give_identical_episodes():
+    a = rollout(SchedulingEnv("tiny"), seed=11, actions_seed=5)
+    b = rollout(SchedulingEnv("tiny"), seed=11, actions_seed=5)
+    assert np.array_equal(np.array(a[0]), np.array(b[0]))
+    assert a[1] == b[1]
+    assert json.dumps(a[2]["episode_stats"]) == json.dumps(b[2]["episode_stats"])
+    c = rollout(SchedulingEnv("tiny"), seed=12, actions_seed=5)
+    assert not np.array_equal(np.array(a[0][:5]), np.array(c[0][:5]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_every_request_is_accounted_for(seed):
+    env = SchedulingEnv("tiny", drain_factor=0.3 if seed % 2 else 1.5)  # some dropped
+    _, rewards, info, _ = rollout(env, seed=seed, actions_seed=seed)
+    ep = env.episode
+    wanted = sorted(r.rid for r in episode_workload_of(env, seed).requests)
+    got = sorted(r.rid for r in ep.rep.finished)
+    assert got == wanted  # each exactly once
+    assert set(ep.ledger.outcome) == set(wanted)
+    assert sum(rewards) == pytest.approx(ep.ledger.total, abs=1e-9)
+    stats = info["episode_stats"]
+    assert stats["requests"] == len(wanted)
+    # the return is the mean over classes of attainment minus the share dropped
+    for cls in ("short", "documents"):
+        assert stats[f"slo_{cls}"] is not None
+    dropped = sum(ep.ledger.outcome[r] == "dropped" for r in wanted)
+    assert dropped == stats["dropped_short"] + stats["dropped_documents"]
+
+
+def episode_workload_of(env: SchedulingEnv, seed: int):
+    return episode_workload(env.cfg, seed)
+
+
+def test_vector_env():
+    venv = gym.vector.SyncVectorEnv([lambda: SchedulingEnv("tiny") for _ in range(2)])
+    obs, _ = venv.reset(seed=[1, 2])
+    assert obs.shape == (2, len(feature_names()))
+    for _ in range(30):  # through at least one autoreset
+        obs, rew, term, trunc, _ = venv.step(np.array([1, 0]))
+    assert np.isfinite(obs).all()
+
+
+def test_starving_a_class_does_not_pay():
+    """On a real episode: replacing the outcome by "every short question met, every
+    document dropped" raises plain goodput (met requests) but lowers the return."""
+    cfg = preset("tiny")
+    wl = episode_workload(cfg, 21, {"load": 1.5, "burst_cv": 2.0})
+    from experiments.rl.env import capacity_of, step_time_for
+
+    ledger, records, _ = run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg),
+                                    make_policy("fcfs"))
+    starved = Ledger.for_workload(wl, cfg.targets)
+    doc = {r.rid: cfg.targets.is_document(r.prompt_tokens) for r in wl.requests}
+    for rid, w in starved.weight.items():
+        starved.outcome[rid] = "dropped" if doc[rid] else "met"
+        starved.earned[rid] = -w if doc[rid] else w
+    met = sum(v == "met" for v in ledger.outcome.values())
+    assert sum(v == "met" for v in starved.outcome.values()) > met  # plain goodput: pays
+    assert starved.total == pytest.approx(0.0, abs=1e-9)  # ours: a dropped class costs
+    assert starved.total < ledger.total  # as much as the other class can earn
+    # and serving the starved class late instead of dropping it always earns more
+    late = Ledger.for_workload(wl, cfg.targets)
+    gain_late = sum(w for rid, w in late.weight.items() if not doc[rid])
+    assert gain_late > starved.total
+
+
+def small_model(steps: int, seed: int = 0):
+    import torch.nn as nn
+    from stable_baselines3 import PPO
+
+    env = SchedulingEnv("tiny")
+    model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=4, seed=seed,
+                policy_kwargs=dict(net_arch=dict(pi=[32, 32], vf=[32, 32]),
+                                   activation_fn=nn.ReLU), device="cpu", verbose=0)
+    if steps:
+        model.learn(steps)
+    return model, env
+
+
+def test_exported_policy_decides_as_the_network(tmp_path):
+    import torch
+
+    from experiments.rl.export import actor_layers, export_selector
+
+    torch.set_num_threads(1)
+    model, env = small_model(256)
+    path = export_selector(actor_layers(model.policy), TINY, tmp_path / "p.safetensors")
+    numpy_policy = LearnedPolicy(weights=str(path))
+    check_policy(numpy_policy)
+    agree = total = 0
+    for seed in (31, 32):
+        obs_list, _, _, snaps = rollout(env, seed, policy=lambda o: int(
+            model.predict(o, deterministic=True)[0]))
+        for obs, snap in zip(obs_list, snaps, strict=False):
+            net = int(model.predict(obs, deterministic=True)[0])
+            assert np.array_equal(obs, env._obs(snap))
+            total += 1
+            agree += numpy_policy.choice(snap) == net
+    assert total > 20 and agree == total
+
+
+def test_tiny_training_beats_random_actions(tmp_path):
+    import torch
+
+    from experiments.rl.train import TrainConfig, train
+
+    torch.set_num_threads(1)
+    res = train(tmp_path, TrainConfig(env="tiny", timesteps=3072, eval_every=3072,
+                                      eval_episodes=6, n_steps=128), log=lambda s: None)
+    seeds = [1_000_000 + i for i in range(6)]
+    learned = mean_stats(evaluate_policy(TINY, LearnedPolicy(
+        weights=str(tmp_path / "policy-final.safetensors")), seeds))
+    randoms = [sum(rollout(SchedulingEnv("tiny"), s, actions_seed=s)[1]) for s in seeds]
+    assert learned["return"] > float(np.mean(randoms))
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+    assert res["history"][-1]["timesteps"] >= 3072
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path):
+    from experiments.rl.train import TrainConfig, Trainer
+
+    tc = TrainConfig(env="tiny", timesteps=256, eval_every=256, eval_episodes=1, n_steps=128)
+    Trainer(tmp_path, tc, log=lambda s: None).run()
+    lines: list[str] = []
+    more = TrainConfig(**{**tc.__dict__, "timesteps": 512})
+    with pytest.raises(ValueError, match="another configuration"):
+        Trainer(tmp_path, more, log=lines.append)
+    t = Trainer(tmp_path, tc, log=lines.append)
+    assert t.model.num_timesteps == 256 and any("resumed" in x for x in lines)
+    assert not list(tmp_path.glob("*.zip")) and not list(tmp_path.glob("*.pkl"))
