@@ -56,6 +56,17 @@ class RadixCache:
             heapq.heappush(self._lru, (now, node.nid, node))
         return matched, node
 
+    def peek(self, segments: Sequence[Segment]) -> int:
+        """Tokens of the longest cached leading run of `segments`, read-only: no access
+        time, no LRU entry changes (for observers such as a router that looks)."""
+        node, matched = self.root, 0
+        for seg in segments:
+            node = node.children.get(seg)
+            if node is None:
+                break
+            matched += node.tokens
+        return matched
+
     def insert(self, segments: Sequence[Segment], now: float) -> tuple[Node, list[Node]]:
         """Add the path for `segments`; returns (deepest node, nodes created). Segments
         already present are shared: the caller frees its duplicate KV for them."""

@@ -588,6 +588,42 @@ class Replica(KVMemory):
         self._inbox = []
         self.running, self.waiting, self.chunked = [], [], None
 
+    # ---- faults (hooks for a fleet, twin/cluster.py; a single server never calls them) --
+    def crash(self, reason: str) -> None:
+        """The server dies now (its process was interrupted): every request inside leaves
+        'aborted' with `reason`, keeping only the tokens emitted by now; the KV pool and the
+        radix cache empty, as a restarted server's."""
+        now = self.env.now
+        ends = self.step_end
+        keep = int(np.searchsorted(ends, now, side="right"))
+        self._end_chunks, self.n_dec_steps = [ends[:keep]], keep
+        live = [*self.running, *([self.chunked] if self.chunked else []), *self.waiting]
+        self.running, self.waiting, self.chunked = [], [], None
+        for r in live:
+            self._close_tokens(r)
+            r.tok_events = [(e[0], min(e[1], keep)) if isinstance(e, tuple) else e
+                            for e in r.tok_events if (e[0] < keep if isinstance(e, tuple)
+                                                      else e <= now)]
+            r.swapped_tokens = 0
+            self._release_kv(r)
+            self._leave(r, "aborted", reason)
+        inbox, self._inbox = self._inbox, []
+        for sent, req in inbox:
+            r = SimRequest(req, sent, self._n_seen)
+            self._n_seen += 1
+            self._leave(r, "aborted", reason)
+        if self.tree is not None:
+            self.tree.evict(self.tree.total_tokens)
+        self.host_used = 0.0
+
+    def restart(self) -> None:
+        """Back after a repair: a fresh scheduler over the (empty) pool; `run()` again."""
+        self.batch_full = self.shrunk = False
+        self.new_token_ratio = self.init_ratio
+        self._stall = 0.0
+        self._wake = self.env.event()
+        self._placed_any, self._unplaced = True, []
+
     # ---- observation ------------------------------------------------------------------
     def _sample(self, now: float) -> None:
         if now < self._next_sample:

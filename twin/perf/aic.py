@@ -115,8 +115,10 @@ def quant_modes(model: ModelSpec, kv_dtype_bytes: float, quantization: str | Non
     return modes
 
 
-def compile_model(model: ModelSpec, system: str, tp: int, quant: dict) -> AicModelOps:
-    """Compile `model` for `system`; ConfigError when aiconfigurator cannot cover it."""
+def compile_model(model: ModelSpec, system: str, tp: int, quant: dict,
+                  framework: str = "sglang") -> AicModelOps:
+    """Compile `model` for `system` with `framework`'s data (sglang, vllm); ConfigError
+    when aiconfigurator cannot cover it."""
     try:
         from aiconfigurator_core.sdk import engine as aic_engine
         from aiconfigurator_core.sdk.models import get_model as aic_get_model
@@ -124,8 +126,8 @@ def compile_model(model: ModelSpec, system: str, tp: int, quant: dict) -> AicMod
     except ModuleNotFoundError as exc:
         raise ConfigError("the opdb backend needs aiconfigurator-core "
                           "(pip install aiconfigurator-core==0.12.0)") from exc
-    if not get_version_slots(system, "sglang"):
-        raise ConfigError(f"aiconfigurator-core has no SGLang data for {system}")
+    if not get_version_slots(system, framework):
+        raise ConfigError(f"aiconfigurator-core has no {framework} data for {system}")
     with _model_path(model) as path, _quiet():
         try:
             mc = aic_engine.build_model_config(
@@ -135,9 +137,9 @@ def compile_model(model: ModelSpec, system: str, tp: int, quant: dict) -> AicMod
                 fmha_quant_mode=quant.get("fmha_quant_mode"),
                 moe_quant_mode=quant.get("moe_quant_mode"), comm_quant_mode=None,
                 forward_model=None, attention_backend=None)
-            aic_model = aic_get_model(path, mc, "sglang")
+            aic_model = aic_get_model(path, mc, framework)
             handle = aic_engine.EngineHandle.compile(
-                path, system, "sglang", backend_version="current", tp_size=tp,
+                path, system, framework, backend_version="current", tp_size=tp,
                 moe_tp_size=tp, moe_ep_size=1, **quant)
         except Exception as exc:  # aiconfigurator raises many types for "not covered"
             raise ConfigError(f"aiconfigurator-core cannot model {model.name} on {system} "
@@ -146,7 +148,7 @@ def compile_model(model: ModelSpec, system: str, tp: int, quant: dict) -> AicMod
         system=system, model_id=path if aic_model_id(model.name) else model.name, tp=tp,
         quant=quant, handle=handle,
         ctx_groups=_groups(aic_model.context_ops), gen_groups=_groups(aic_model.generation_ops),
-        extents=measured_extents(system, model, tp),
+        extents=measured_extents(system, model, tp, framework),
     )
     _probe(ops)
     return ops
@@ -203,7 +205,8 @@ def _one_line(exc: Exception) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def measured_extents(system: str, model: ModelSpec, tp: int) -> Extents:
+def measured_extents(system: str, model: ModelSpec, tp: int,
+                     framework: str = "sglang") -> Extents:
     """Largest measured shapes in the parquet tables this model's queries use."""
     try:
         from importlib import resources
@@ -232,8 +235,8 @@ def measured_extents(system: str, model: ModelSpec, tp: int) -> Extents:
              "num_key_value_heads": max(1, model.num_kv_heads // tp)}
     fam = "mla" if model.is_mla else "attention"
     return Extents(
-        gemm_tokens=col_max("gemm/sglang/*/gemm_perf.parquet", "m"),
-        context_tokens=col_max(f"{fam}/sglang/*/context*_perf.parquet", "isl", heads),
-        decode_batch=col_max(f"{fam}/sglang/*/generation*_perf.parquet", "batch_size", heads),
-        decode_kv=col_max(f"{fam}/sglang/*/generation*_perf.parquet", "step", heads),
+        gemm_tokens=col_max(f"gemm/{framework}/*/gemm_perf.parquet", "m"),
+        context_tokens=col_max(f"{fam}/{framework}/*/context*_perf.parquet", "isl", heads),
+        decode_batch=col_max(f"{fam}/{framework}/*/generation*_perf.parquet", "batch_size", heads),
+        decode_kv=col_max(f"{fam}/{framework}/*/generation*_perf.parquet", "step", heads),
     )

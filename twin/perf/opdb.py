@@ -89,9 +89,10 @@ class OpdbStepTime:
     name = "opdb"
 
     def __init__(self, capacity: Capacity, args: ServerArgs,
-                 params: OpdbParams | None = None) -> None:
+                 params: OpdbParams | None = None, framework: str = "sglang") -> None:
         from twin.perf import aic
 
+        self.framework = framework
         self.params = p = params or OpdbParams()
         self.capacity = c = capacity
         m, tp = c.model, c.tp_size
@@ -101,7 +102,8 @@ class OpdbStepTime:
                               f"{c.gpu.name}; use --step-time-backend roofline")
         kv_dtype_bytes = c.kv_bytes_per_token / m.kv_bytes_per_token(tp, 1.0)
         self.ops = aic.compile_model(m, system, tp, aic.quant_modes(m, kv_dtype_bytes,
-                                                                    args.quantization))
+                                                                    args.quantization),
+                                     framework)
         self._warned: set[str] = set()
         self._graph_bs = 0 if args.disable_cuda_graph else c.cuda_graph_max_bs
         o = p.overhead
@@ -285,7 +287,8 @@ class OpdbStepTime:
     def describe(self) -> str:
         c = self.capacity
         extra = f"; {', '.join(sorted(self.ops.provenance))} fill-ins" if self.ops.provenance else ""
-        return (f"opdb (aiconfigurator-core per-op data, SGLang) on {c.gpu.name} x{c.tp_size} "
+        engine = "SGLang" if self.framework == "sglang" else "vLLM"
+        return (f"opdb (aiconfigurator-core per-op data, {engine}) on {c.gpu.name} x{c.tp_size} "
                 f"({c.model.name}): {self.provenance}{extra}; decode KV folded by its mean; "
                 f"graph max bs {self._graph_bs or 'off'}")
 

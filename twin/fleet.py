@@ -1,0 +1,372 @@
+"""A fleet from a deployment spec: pools of replicas behind a router, failover, faults.
+
+A spec (YAML or JSON file, or a preset by name; docs/fleet.md):
+
+    name: finance-hybrid
+    gpu: a100-pcie-80gb                # default for replicas
+    seed: 0
+    router: {name: length, thresholds: [32000, 64000]}   # or round_robin, cache_aware, ...
+    pools:
+      - name: sglang
+        router: {name: cache_aware, cache_threshold: 0.3}  # a pool's inner router (length)
+        replicas:
+          - {name: sg, count: 2, engine: sglang,
+             server_args: {model_path: ..., tp_size: 2, max_total_tokens: 140000}}
+      - name: medium
+        replicas: [{name: vm, engine: vllm, server_args: {tp_size: 2, max_model_len: 65536}}]
+    failover: {retry_max_retries: 5, health_check_interval_secs: 60, streaming: true}
+    faults: [{kind: crash, replica: sg0, at_s: 120, repair_s: 60}]
+
+`count: n` makes replicas `name0..name{n-1}`. Capacity and step-time tables are built once
+per distinct replica kind (engine, GPU, server arguments, backend) and shared. Errors name
+the file, line and field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+from twin.cluster import Deployment, ScaledStepTime
+from twin.config import ServerArgs, derive_capacity
+from twin.errors import ConfigError, ServetwinError
+from twin.faults import Fault, failover_from
+from twin.metrics import SERIES_FIELDS, SLO, write_records
+from twin.outputs import atomic_write_text, atomic_writer
+from twin.routers import make_router
+from twin.sim import SimConfig, choose_backend, make_replica
+from twin.source import Source
+from twin.workload import Workload
+
+ENGINES = ("sglang", "vllm")
+_TOP = ("name", "gpu", "seed", "router", "pools", "replicas", "failover", "faults",
+        "description", "poll_interval_s")
+_POOL = ("name", "router", "replicas")
+_REPLICA = ("name", "count", "engine", "gpu", "server_args", "step_time_backend", "twin")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    name: str
+    pool: str
+    engine: str
+    gpu: str
+    server_args: tuple  # sorted (key, value) pairs
+    step_time_backend: str | None = None
+    twin: tuple = ()  # SimConfig fields (sglang)
+
+
+@dataclass
+class FleetSpec:
+    name: str
+    replicas: list[ReplicaSpec]
+    router: dict
+    pool_routers: dict[str, dict]
+    pools: list[str]
+    failover: dict
+    faults: list[Fault]
+    seed: int = 0
+    poll_interval_s: float | None = None
+    source: str = "<spec>"
+
+
+class _Where:
+    """Line numbers of a YAML/JSON document's fields (from the composed node tree)."""
+
+    def __init__(self, path: str, text: str) -> None:
+        import yaml
+
+        self.path, self.lines = path, {}
+        try:
+            node = yaml.compose(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark else 0
+            raise ConfigError(f"{path}:{line}: not valid YAML/JSON: "
+                              f"{getattr(exc, 'problem', exc)}") from None
+        self._walk(node, "")
+        self.data = yaml.safe_load(text)
+
+    def _walk(self, node, at: str) -> None:
+        if node is None:
+            return
+        self.lines[at] = node.start_mark.line + 1
+        if hasattr(node, "value") and isinstance(node.value, list):
+            for i, item in enumerate(node.value):
+                if isinstance(item, tuple):
+                    key, val = item
+                    self.lines[f"{at}.{key.value}".lstrip(".")] = key.start_mark.line + 1
+                    self._walk(val, f"{at}.{key.value}".lstrip("."))
+                else:
+                    self._walk(item, f"{at}[{i}]")
+
+    def err(self, at: str, problem: str) -> ConfigError:
+        probe = at
+        while probe and probe not in self.lines:
+            probe = probe.rsplit(".", 1)[0] if "." in probe else ""
+        return ConfigError(f"{self.path}:{self.lines.get(probe, 1)}: {at}: {problem}")
+
+
+def load_spec(source: str) -> FleetSpec:
+    """A preset name or a YAML/JSON file."""
+    from twin.fleet_presets import PRESETS
+
+    if source in PRESETS:
+        return parse_spec(PRESETS[source](), f"<preset {source}>")
+    p = Path(source)
+    if not p.exists():
+        raise ConfigError(f"--deployment {source!r}: no such file and not a preset; presets: "
+                          f"{', '.join(sorted(PRESETS))}")
+    from twin.inputs import read_text
+
+    return parse_spec(read_text(p, "deployment"), str(p))
+
+
+def parse_spec(doc: str | dict, path: str) -> FleetSpec:
+    where = _Where(path, doc if isinstance(doc, str) else json.dumps(doc, indent=1))
+    d = where.data
+    if not isinstance(d, dict):
+        raise where.err("<document>", "a deployment is a mapping with pools or replicas")
+    _keys(where, "", d, _TOP)
+    gpu = d.get("gpu", "a100-pcie-80gb")
+    pools_in = d.get("pools")
+    if pools_in is None:
+        pools_in = [{"name": "default", "replicas": d.get("replicas") or []}]
+    elif "replicas" in d:
+        raise where.err("replicas", "give pools or replicas, not both")
+    if not isinstance(pools_in, list) or not pools_in:
+        raise where.err("pools", "must be a non-empty list")
+    replicas, pool_routers, pools = [], {}, []
+    for i, pool in enumerate(pools_in):
+        at = f"pools[{i}]"
+        if not isinstance(pool, dict):
+            raise where.err(at, "a pool is a mapping with name, router, replicas")
+        _keys(where, at, pool, _POOL)
+        name = str(pool.get("name", f"pool{i}"))
+        if name in pools:
+            raise where.err(f"{at}.name", f"pool {name!r} given twice")
+        pools.append(name)
+        if "router" in pool:
+            pool_routers[name] = _router_dict(where, f"{at}.router", pool["router"])
+        reps = pool.get("replicas")
+        if not isinstance(reps, list) or not reps:
+            raise where.err(f"{at}.replicas", "must be a non-empty list")
+        for j, rep in enumerate(reps):
+            replicas += _replica_specs(where, f"{at}.replicas[{j}]", rep, name, gpu)
+    names = [r.name for r in replicas]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise where.err("pools", f"replica name {dup!r} used twice")
+    router = _router_dict(where, "router", d.get("router", "round_robin"))
+    if pool_routers and router["name"] != "length":
+        raise where.err("pools", "a pool's own router needs the top-level router 'length'")
+    try:
+        failover_from(d.get("failover"), "failover")
+    except ServetwinError as exc:
+        raise where.err("failover", str(exc)) from None
+    faults = []
+    for k, f in enumerate(d.get("faults") or []):
+        try:
+            fault = Fault(**f) if isinstance(f, dict) else Fault.parse(str(f))
+        except (TypeError, ServetwinError) as exc:
+            raise where.err(f"faults[{k}]", str(exc)) from None
+        if fault.replica not in names:
+            raise where.err(f"faults[{k}].replica", f"{fault.replica!r}: allowed values: "
+                            f"{', '.join(names)}")
+        faults.append(fault)
+    return FleetSpec(str(d.get("name", Path(path).stem)), replicas, router, pool_routers, pools,
+                     dict(d.get("failover") or {}), faults, int(d.get("seed", 0)),
+                     d.get("poll_interval_s"), path)
+
+
+def _keys(where: _Where, at: str, d: dict, allowed: tuple[str, ...]) -> None:
+    for k in d:
+        if k not in allowed:
+            raise where.err(f"{at}.{k}".lstrip("."), f"unknown key; allowed: {', '.join(allowed)}")
+
+
+def _router_dict(where: _Where, at: str, r) -> dict:
+    if isinstance(r, str):
+        return {"name": r}
+    if not isinstance(r, dict) or "name" not in r:
+        raise where.err(at, "a router is a name or a mapping with name and parameters")
+    return dict(r)
+
+
+def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[ReplicaSpec]:
+    if not isinstance(rep, dict):
+        raise where.err(at, "a replica is a mapping with engine, server_args, ...")
+    _keys(where, at, rep, _REPLICA)
+    engine = rep.get("engine", "sglang")
+    if engine not in ENGINES:
+        raise where.err(f"{at}.engine", f"{engine!r}: allowed values: {', '.join(ENGINES)}")
+    args = rep.get("server_args") or {}
+    if not isinstance(args, dict):
+        raise where.err(f"{at}.server_args", "must be a mapping of server arguments")
+    allowed = _engine_args(engine)
+    for k in args:
+        if k not in allowed:
+            raise where.err(f"{at}.server_args.{k}", f"not a {engine} server argument the twin "
+                            f"models; allowed: {', '.join(sorted(allowed))}")
+    count = rep.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise where.err(f"{at}.count", f"{count!r}: must be an integer >= 1")
+    base = str(rep.get("name", f"{pool}-{engine}"))
+    twin = rep.get("twin") or {}
+    sim_fields = {f.name for f in fields(SimConfig)} - {"args", "gpu", "step_time_backend"}
+    for k in twin:
+        if engine != "sglang" or k not in sim_fields:
+            raise where.err(f"{at}.twin.{k}", f"allowed: {', '.join(sorted(sim_fields))} "
+                            "(sglang replicas)")
+    names = [base] if count == 1 else [f"{base}{i}" for i in range(count)]
+    return [ReplicaSpec(n, pool, engine, rep.get("gpu", gpu), tuple(sorted(args.items())),
+                        rep.get("step_time_backend"), tuple(sorted(twin.items())))
+            for n in names]
+
+
+def _engine_args(engine: str) -> set[str]:
+    if engine == "sglang":
+        return {f.name for f in fields(ServerArgs)}
+    from twin.vllm_replica import VllmArgs
+
+    return {f.name for f in fields(VllmArgs)}
+
+
+# ---- building and running -----------------------------------------------------------
+class Kinds:
+    """Capacity and step time, once per distinct replica kind."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple, tuple] = {}
+
+    def sglang(self, cfg: SimConfig):
+        key = ("sglang", cfg.gpu, cfg.args, cfg.step_time_backend, cfg.calibration)
+        if key not in self.cache:
+            from twin.perf import make_step_time
+
+            cap = derive_capacity(cfg.args, cfg.gpu)
+            backend = choose_backend(cfg, cap)
+            if cfg.calibration:
+                from twin.perf.fitted import profile_step_time
+
+                st = profile_step_time(cfg.calibration, cap, cfg.args)
+            else:
+                st = make_step_time(backend, cap, cfg.args)
+            self.cache[key] = (cap, st, backend)
+        return self.cache[key]
+
+    def vllm(self, args, gpu: str, backend: str | None):
+        key = ("vllm", gpu, args, backend)
+        if key not in self.cache:
+            from twin.vllm_replica import vllm_kind
+
+            self.cache[key] = vllm_kind(args, gpu, backend)
+        return self.cache[key]
+
+
+def build_fleet(env: simpy.Environment, spec: FleetSpec, workload: Workload,
+                horizon_s: float | None = None, kinds: Kinds | None = None,
+                debug_checks: bool = False) -> Deployment:
+    kinds = kinds or Kinds()
+    seeds = np.random.SeedSequence(spec.seed).generate_state(len(spec.pools) + 1).tolist()
+    router = _top_router(spec, seeds)
+    dep = Deployment(env, Source(workload), router, horizon_s,
+                     failover=failover_from(spec.failover), faults=spec.faults, seed=spec.seed,
+                     poll_interval_s=spec.poll_interval_s or _poll_need(router))
+    slowed = {f.replica for f in spec.faults if f.kind == "slow"}
+    for r in spec.replicas:
+        rep, gpus, st = _make_one(env, r, kinds, horizon_s, debug_checks, r.name in slowed)
+        dep.add(rep, r.pool, r.name, gpus, r.engine, st)
+    return dep
+
+
+def _make_one(env, r: ReplicaSpec, kinds: Kinds, horizon_s, debug_checks, slowed: bool):
+    args = dict(r.server_args)
+    if r.engine == "vllm":
+        from twin.vllm_replica import VllmArgs, VllmReplica
+
+        va = VllmArgs(**args)
+        cap, st = kinds.vllm(va, r.gpu, r.step_time_backend)
+        scaled = ScaledStepTime(st) if slowed else None
+        rep = VllmReplica(env, va, cap, scaled or st, horizon_s=horizon_s,
+                          debug_checks=debug_checks)
+        return rep, va.tp_size, scaled
+    try:
+        sa = ServerArgs(**args)
+        cfg = SimConfig(args=sa, gpu=r.gpu, step_time_backend=r.step_time_backend,
+                        horizon_s=horizon_s, debug_checks=debug_checks, **dict(r.twin))
+    except (TypeError, ServetwinError) as exc:
+        raise ConfigError(f"replica {r.name}: {exc}") from None
+    cap, st, backend = kinds.sglang(cfg)
+    scaled = ScaledStepTime(st) if slowed else None
+    rep, _ = make_replica(env, replace(cfg, step_time_backend=backend), scaled or st)
+    return rep, sa.tp_size, scaled
+
+
+def _top_router(spec: FleetSpec, seeds: list[int]):
+    top = dict(spec.router)
+    name = top.pop("name")
+    if name != "length":
+        return make_router(name, top, seed=seeds[0], where=f"{spec.source}: router")
+    inner = {}
+    for i, pool in enumerate(spec.pools):
+        pr = dict(spec.pool_routers.get(pool, {"name": "round_robin"}))
+        inner[pool] = make_router(pr.pop("name"), pr, seed=seeds[i + 1],
+                                  where=f"{spec.source}: pools[{i}].router")
+    top.setdefault("thresholds", (32000, 64000)[:len(spec.pools) - 1])
+    if len(top["thresholds"]) != len(spec.pools) - 1:
+        raise ConfigError(f"{spec.source}: router.thresholds: {top['thresholds']}: needs one "
+                          f"fewer than the {len(spec.pools)} pools ({', '.join(spec.pools)})")
+    return make_router("length", {**top, "pools": spec.pools, "inner": inner}, seed=seeds[0],
+                       where=f"{spec.source}: router")
+
+
+def _poll_need(router) -> float | None:
+    routers = [router, *getattr(router, "inner", {}).values()]
+    wanted = [r.poll_interval_s for r in routers if getattr(r, "load_source", "") == "polled"]
+    return min(wanted) if wanted else None
+
+
+@dataclass
+class FleetResult:
+    records: list[dict]
+    summary: dict
+    series: list[tuple]
+    deployment: Deployment
+
+    def write(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_records(out / "requests.jsonl", self.records)
+        atomic_write_text(out / "summary.json", json.dumps(self.summary, indent=2) + "\n")
+        width = len(SERIES_FIELDS)
+        with atomic_writer(out / "timeseries.csv") as fh:
+            fh.write(",".join(("replica", *SERIES_FIELDS)) + "\n")
+            for row in self.series:
+                cells = list(row[:width + 1]) + [""] * (width + 1 - len(row))
+                fh.write(",".join("" if x is None else str(x) for x in cells) + "\n")
+
+
+def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = None,
+                   horizon_s: float | None = None, kinds: Kinds | None = None,
+                   debug_checks: bool = False) -> FleetResult:
+    """Run `workload` through the deployment `spec` (a FleetSpec, a preset name or a file)."""
+    if isinstance(spec, str):
+        spec = load_spec(spec)
+    env = simpy.Environment()
+    dep = build_fleet(env, spec, workload, horizon_s, kinds, debug_checks)
+    dep.start(run_replicas=True)
+    env.run()
+    dep.finalize()
+    records = dep.records()
+    summary = dep.summary(records, slo)
+    summary["deployment"] = spec.name
+    return FleetResult(records, summary, dep.series(), dep)
+
+
+def with_router(spec: FleetSpec, router: dict, pool_routers: dict | None = None) -> FleetSpec:
+    """The same replicas behind another router (benchmarks, tests)."""
+    return replace(spec, router=dict(router), pool_routers=dict(pool_routers or {}))
