@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from servetwin.cli import UserError
+from servetwin.cmd_live_fleet import register_fleet
 from servetwin.cmd_live_launch import register_command
 from servetwin.cmd_live_plugin import (
     add_plugin_args,
@@ -67,13 +68,20 @@ def register_install_cpu(sub) -> None:
         help="install SGLang 0.5.23 for CPU into an isolated venv (idempotent)",
         description="Install SGLang 0.5.23 with a CPU torch into an isolated venv, with the "
         "import shims and a tiny dummy-weight model, and servetwin itself (editable, "
-        "`pip install --no-deps -e`) so SGLang finds servetwin's plugin. Re-running is a "
+        "`pip install --no-deps -e`) so SGLang finds servetwin's plugin; and the real "
+        "sglang-router 0.3.2 in a venv of its own (for `live fleet`). Re-running is a "
         "no-op once complete.",
     )
     parser.add_argument(
         "--prefix",
         metavar="DIR",
         help="where the venv goes (default: $SERVETWIN_SGLANG_ENV or ~/.cache/servetwin/sglang-cpu)",
+    )
+    parser.add_argument(
+        "--router-prefix",
+        metavar="DIR",
+        help="the sglang-router 0.3.2 venv that `live fleet` uses (default: "
+        "$SERVETWIN_ROUTER_ENV or ~/.cache/servetwin/sglang-router)",
     )
     parser.set_defaults(func=run_install_cpu)
 
@@ -84,6 +92,9 @@ def run_install_cpu(args: argparse.Namespace) -> int:
     try:
         harness = install(args.prefix, log=lambda line: print(line, flush=True))
         ensure_plugin(harness, log=lambda line: print(line, flush=True))
+        from runtime.router import install_router
+
+        install_router(args.router_prefix, log=lambda line: print(line, flush=True))
     except HarnessError as exc:
         raise UserError(str(exc)) from exc
     return 0
@@ -150,4 +161,4 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
 
 
 LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare,
-                    register_command, register_decisions]
+                    register_command, register_decisions, register_fleet]
