@@ -4,6 +4,7 @@ tiny training run, reward shaping, and the shipped policy (docs/rl.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -15,7 +16,7 @@ from experiments.rl.config import preset
 from experiments.rl.env import SchedulingEnv
 from experiments.rl.episode import Ledger, run_policy
 from experiments.rl.evaluate import episode_workload, evaluate_policy, mean_stats
-from twin.policy import make_policy
+from twin.policy import build_policy, make_policy, read_spec
 from twin.policy.check import check_policy
 from twin.policy.features import feature_names
 from twin.policy.learned import LearnedPolicy
@@ -178,3 +179,14 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     t = Trainer(tmp_path, tc, log=lines.append)
     assert t.model.num_timesteps == 256 and any("resumed" in x for x in lines)
     assert not list(tmp_path.glob("*.zip")) and not list(tmp_path.glob("*.pkl"))
+
+
+def test_shipped_policy_runs_with_numpy_alone():
+    spec = read_spec("learned:finance-qa")
+    pol = build_policy(spec)
+    assert pol.kind == "selector"
+    check_policy(pol)
+    about = json.loads(Path(spec.params["weights"]).with_suffix(".json").read_text())
+    assert about["evaluation"] and about["train"]
+    with pytest.raises(Exception, match="not a shipped policy"):
+        read_spec("learned:no-such-policy")

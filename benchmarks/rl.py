@@ -1,0 +1,109 @@
+"""The RL scheduler against the heuristics on the users' deployment (docs/rl.md).
+
+finance-qa shapes (open loop, gamma arrivals with CV 2) at fixed loads of the measured
+capacity, on benchmark seeds held out from training and from training's evaluation; every
+heuristic of the registry and the learned policy run the same episodes on the deployed path
+(`--policy`'s path: the policy asked at every pass). Prints SLO attainment (our SLO:
+TTFT within 1.5 s, documents +0.5 ms per prompt token, TPOT <= 0.1 s), the users' flat
+TTFT <= 1.5 s attainment, P99 TTFT of short questions and documents; then the
+environment's speed (decisions per CPU-second with random actions) and the shipped
+policy's training cost from its sidecar.
+
+    python benchmarks/rl.py [--policy learned:finance-qa] [--episodes 8] [--loads 1.0 1.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from calibration.profiles import machine
+from experiments.rl.config import preset
+from experiments.rl.env import SchedulingEnv, capacity_of
+from experiments.rl.evaluate import evaluate_spec, heuristic_specs, mean_stats
+from twin.policy import read_spec
+
+BENCH_SEED_BASE = 2_000_000
+COLS = ("slo_attainment", "ttft_attainment_flat", "p99_ttft_short_s", "p99_ttft_documents_s",
+        "return")
+
+
+def compare(cfg, policy: str, load: float, seeds: list[int], cv: float) -> dict[str, dict]:
+    opts = {"load": load, "burst_cv": cv}
+    rows = {"learned": mean_stats(evaluate_spec(cfg, read_spec(policy), seeds, opts))}
+    for label, spec in heuristic_specs(cfg).items():
+        rows[label] = mean_stats(evaluate_spec(cfg, spec, seeds, opts))
+    return rows
+
+
+def table(rows: dict[str, dict]) -> str:
+    head = "| policy | SLO attainment | TTFT<=1.5 s (flat) | P99 TTFT short (s) | " \
+           "P99 TTFT documents (s) | return |"
+    lines = [head, "|" + "---|" * 6]
+    for label, m in sorted(rows.items(), key=lambda kv: -kv[1]["slo_attainment"]):
+        cells = [f"{m[c]:.1%}" if "attainment" in c else f"{m[c]:.2f}" if m[c] is not None
+                 else "-" for c in COLS[:4]]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {m['return']:+.4f} |")
+    return "\n".join(lines)
+
+
+def env_speed(cfg, episodes: int) -> tuple[float, int]:
+    env = SchedulingEnv(cfg)
+    rng = np.random.default_rng(0)
+    steps, t0 = 0, time.process_time()
+    for ep in range(episodes):
+        env.reset(seed=BENCH_SEED_BASE + 10_000 + ep)
+        done = False
+        while not done:
+            _, _, done, _, _ = env.step(int(rng.integers(env.action_space.n)))
+            steps += 1
+    return steps / (time.process_time() - t0), steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="learned:finance-qa")
+    ap.add_argument("--env", default="finance-qa")
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--loads", type=float, nargs="+", default=[1.0, 1.5])
+    ap.add_argument("--burst-cv", type=float, default=2.0)
+    ns = ap.parse_args()
+    cfg = preset(ns.env)
+    seeds = [BENCH_SEED_BASE + i for i in range(ns.episodes)]
+    cap = capacity_of(cfg)
+    d = cfg.deployment
+    print(f"date {datetime.date.today()}; machine {machine()}")
+    print(f"deployment {d.model_path} on {d.gpu} x TP {d.tp_size}; capacity {cap:.4f} req/s "
+          f"(saturated closed loop, fcfs)")
+    print(f"workload: finance-qa shapes, {cfg.family.n} requests per episode, gamma arrivals "
+          f"CV {ns.burst_cv}; {ns.episodes} episodes per load (seeds {seeds[0]}..{seeds[-1]})")
+    print(f"SLO: {cfg.targets.to_json()}; policy {ns.policy}")
+    for load in ns.loads:
+        rows = compare(cfg, ns.policy, load, seeds, ns.burst_cv)
+        heur = {k: v for k, v in rows.items() if k != "learned"}
+        best = max(heur, key=lambda k: heur[k]["slo_attainment"])
+        gain = rows["learned"]["slo_attainment"] / heur[best]["slo_attainment"] - 1
+        print(f"\n## load {load:.0%} of capacity\n\n{table(rows)}\n")
+        print(f"learned vs best heuristic ({best}): SLO attainment "
+              f"{rows['learned']['slo_attainment']:.1%} vs {heur[best]['slo_attainment']:.1%} "
+              f"({gain:+.1%} relative)")
+    speed, steps = env_speed(cfg, 4)
+    print(f"\nenvironment speed: {speed:,.0f} decisions per CPU-second ({steps} decisions, "
+          f"4 episodes, random actions)")
+    spec = read_spec(ns.policy)
+    sidecar = Path(spec.params.get("weights", "")).with_suffix(".json")
+    if sidecar.is_file():
+        about = json.loads(sidecar.read_text())
+        ev = about.get("evaluation", {})
+        print(f"training: {about['train']['timesteps']} timesteps planned; the shipped "
+              f"weights are from {ev.get('timesteps')} steps after {ev.get('cpu_s')} CPU-s "
+              f"of training (PPO, {about['train']['n_envs']} envs)")
+
+
+if __name__ == "__main__":
+    main()
