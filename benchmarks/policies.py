@@ -56,7 +56,7 @@ def cfg_for(label: str) -> SimConfig:
     sim_kw, args_kw = POLICIES[label]
     if label == "slices-conservative":
         sim_kw = {"preemption_mode": "conservative"}
-    return SimConfig(args=ServerArgs(model_path=MODEL, **args_kw), gpu=GPU, **sim_kw)
+    return SimConfig(args=ServerArgs(model_path=MODEL, tp_size=2, **args_kw), gpu=GPU, **sim_kw)
 
 
 def percentile(values: list[float], q: float) -> float:

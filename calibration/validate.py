@@ -68,9 +68,11 @@ def at_send_times(workload: Workload, live_records: list[dict]) -> Workload:
 
 
 def simulate_like(workload: Workload, info: dict, profile: dict,
-                  step_scale: float = 1.0) -> tuple[list[dict], object]:
+                  step_scale: float = 1.0, policy: str | None = None
+                  ) -> tuple[list[dict], object]:
     """The twin's records for `workload` on the server `info` describes, with the profile's
-    step time and request-path latency."""
+    step time and request-path latency (and `policy`, a spec, where the server ran one
+    through the plugin)."""
     from runtime.server_api import twin_server_args
     from twin.config import derive_capacity
     from twin.perf.fitted import from_step_time_section
@@ -84,7 +86,8 @@ def simulate_like(workload: Workload, info: dict, profile: dict,
     ingress, egress = path_latency(profile)
     shifted = replace(workload, requests=tuple(
         replace(r, arrival_s=r.arrival_s + ingress) for r in workload.requests))
-    result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU), step_time=step)
+    result = simulate(shifted, SimConfig(args=args, gpu=HARNESS_GPU, policy=policy),
+                      step_time=step)
     # the twin's queue_s already starts where SGLang's queue_time does (the scheduler
     # taking the request in), so records compare as they are
     return TwinRecords((_client_view(rec, ingress, egress) for rec in result.records),

@@ -62,20 +62,29 @@ def test_lpm_defers_a_duplicate_prefix_within_the_queue():
             req("b", 0.6, [tmpl, (302, 8)], 2), req("c", 0.7, 30, 2)]
     kw = dict(max_running_requests=3, max_total_tokens=10_000)
     rep, recs = run_replica(reqs, ST, schedule_policy="lpm", **kw)
-    assert prefills(rep) == [(0.0, ["A"]), (2.0, ["a", "c"]), (6.0, ["b"])]
+    assert prefills(rep) == [(0.0, ["A"]), (2.0, ["a", "c"]), (5.0, ["b"])]
     assert recs["b"]["cached_tokens"] == 40
     rep, recs = run_replica(reqs, ST, schedule_policy="fcfs", **kw)
     assert prefills(rep)[:2] == [(0.0, ["A"]), (2.0, ["a", "b"])]
     assert recs["b"]["cached_tokens"] == 0
 
 
-def test_a_freed_slot_is_used_one_step_later_not_after_the_decode_run():
-    # A and a hold both slots; a leaves at 5. SGLang's batch_is_full clears with the next
-    # decode step, so b is admitted at the pass after it (6), not when A ends (13).
+def test_a_freed_slot_is_used_at_the_next_pass_not_after_the_decode_run():
+    # A and a hold both slots; a leaves at 5. SGLang filters the running batch at the top
+    # of every pass and a smaller batch clears batch_is_full, so b is admitted at 5, not
+    # when A ends (13).
     reqs = [req("A", 0.0, 10, 10), req("a", 0.5, 48, 2), req("b", 0.6, 8, 2)]
     rep, _ = run_replica(reqs, ST, max_running_requests=2, max_total_tokens=10_000)
-    assert prefills(rep) == [(0.0, ["A"]), (2.0, ["a"]), (6.0, ["b"])]
-    assert rep.step_log[2:4] == [("decode", 4.0, ["A", "a"], 1), ("decode", 5.0, ["A"], 1)]
+    assert prefills(rep) == [(0.0, ["A"]), (2.0, ["a"]), (5.0, ["b"])]
+    assert rep.step_log[2] == ("decode", 4.0, ["A", "a"], 1)
+
+
+def test_a_request_finishing_in_its_prefill_frees_its_slot():
+    # one slot: each request has one output token and leaves with its prefill step; the
+    # filtered prefill batch clears batch_is_full, so the next one is admitted at once
+    reqs = [req("A", 0.0, 10, 30), req("x", 0.5, 10, 1), req("y", 0.6, 10, 1)]
+    rep, _ = run_replica(reqs, ST, max_running_requests=2, max_total_tokens=10_000)
+    assert prefills(rep) == [(0.0, ["A"]), (2.0, ["x"]), (4.0, ["y"])]
 
 
 def test_shortest_prefill_first_orders_and_caps_the_running_chunk():

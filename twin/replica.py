@@ -81,7 +81,7 @@ class Replica(KVMemory):
         self.chunked: SimRequest | None = None
         self.finished: list[SimRequest] = []
         self.batch_full = False
-        self.shrunk = False  # the running batch lost requests since the last decode pass
+        self.shrunk = False  # the running batch lost requests since the last pass
         self.preempt = args.enable_priority_scheduling or policy.preempts
         self.slice_s = policy.time_slice_s
         # an outside decider sees every order question; a policy only real choices
@@ -111,6 +111,7 @@ class Replica(KVMemory):
         self.step_log: list[tuple] | None = None
         self._unplaced: list[SimRequest] = []  # requests this pass admitted but not placed
         self._placed_any = True  # whether the last prefill pass placed anything
+        self.cur_batch: list[SimRequest] = []  # the prefill batch being run
 
     # ---- memory helpers -------------------------------------------------------------
     def room(self) -> int:
@@ -142,12 +143,15 @@ class Replica(KVMemory):
                 self.counters.stall_s += stall
                 yield self.env.timeout(stall)
                 continue
+            if self.shrunk:  # SGLang filters the batch at the top of every pass: a
+                self.shrunk = False  # smaller batch clears batch_is_full
+                self.batch_full = False
             batch = yield from self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
-                if not self._placed_any and (self.running or self.shrunk):
+                if not self._placed_any and self.running:
                     yield from self._run_decode()  # none could be placed: decode frees KV
-            elif self.running or self.shrunk:
+            elif self.running:
                 yield from self._run_decode()
             else:
                 self.batch_full = False
@@ -320,6 +324,7 @@ class Replica(KVMemory):
         return True
 
     def _run_prefill(self, batch: list[tuple[SimRequest, int]]) -> Iterator[simpy.Event]:
+        self.cur_batch = [r for r, _ in batch]  # what a crash loses besides the queues
         if self._stall > 0:  # victims' KV must reach the host before its room is reused
             stall, self._stall = self._stall, 0.0
             self.counters.stall_s += stall
@@ -415,26 +420,18 @@ class Replica(KVMemory):
             if old is not None:
                 self.tree.unlock(old)
         if req.remaining <= 0:
+            self.shrunk = True  # SGLang's filter of the last prefill batch clears batch_is_full
             self._finish(req, end)
         else:
             self._join_running([req], end)
 
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
-        reopened = False
-        if self.shrunk:
-            self.shrunk = False
-            reopened = self.batch_full and bool(self.waiting)
-            self.batch_full = False
-            if not self.running:
-                return
         b = len(self.running)
         owners = [r.index for r in self.running]
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
         k_mem = max(self.alloc.decode_steps(owners, self.room()), 1)
         k = min(min(r.remaining for r in self.running), k_mem)
-        if reopened:  # SGLang clears batch_is_full with this step: the next pass admits
-            k = 1
         kv0 = sum(r.fill_len for r in self.running)
         limit = self._next_boundary()
         if limit is not None and k > 1:  # steps only lengthen as KV grows: bound k first
@@ -597,8 +594,10 @@ class Replica(KVMemory):
         ends = self.step_end
         keep = int(np.searchsorted(ends, now, side="right"))
         self._end_chunks, self.n_dec_steps = [ends[:keep]], keep
-        live = [*self.running, *([self.chunked] if self.chunked else []), *self.waiting]
-        self.running, self.waiting, self.chunked = [], [], None
+        live = [*self.running, *([self.chunked] if self.chunked else []), *self.waiting,
+                *[r for r in self.cur_batch if not r.status]]
+        live = list({id(r): r for r in live}.values())
+        self.running, self.waiting, self.chunked, self.cur_batch = [], [], None, []
         for r in live:
             self._close_tokens(r)
             r.tok_events = [(e[0], min(e[1], keep)) if isinstance(e, tuple) else e
