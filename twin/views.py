@@ -43,5 +43,5 @@ def view(r: SimRequest, ratio: float, running: bool) -> RequestView:
         reserved_tokens=reservation(r.max_new_tokens, r.generated_tokens, r.ignore_eos, ratio)
         if running else 0.0,
         first_token_s=r.first_token_s, round_start_s=r.round_start_s if running else None,
-        arrival_work=r.arrival_work, head=r.head if r.generated_tokens == 0 else None,
+        arrival_work=r.arrival_work, head=r.head,  # None when the prompt is < 32 tokens
         prefix_path=prefix_path(r.matched_node) if not running else ())
