@@ -14,6 +14,7 @@ every server, each as a whole process group (SIGINT, SIGTERM, SIGKILL): nothing 
 
 from __future__ import annotations
 
+import os
 import signal
 import tempfile
 import threading
@@ -114,12 +115,18 @@ class Fleet:
         if errors:
             raise errors[0]
 
-    def kill(self, index: int) -> None:
-        """SIGKILL replica `index`'s whole process group at once: a crash, no clean exit."""
+    def kill(self, index: int, wait: bool = True) -> None:
+        """SIGKILL replica `index`'s whole process group at once: a crash, no clean exit.
+        `wait=False` only sends the signal (safe inside an event loop); `stop()` reaps."""
         server = self.servers[index]
-        if server._process is not None:
+        if server._process is None:
+            return
+        try:
+            os.killpg(server._process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if wait:
             stop_process_group(server._process, ((signal.SIGKILL, 10.0),))
-            server._process = None
 
     def stop(self) -> None:
         """The router first (no new requests reach a stopping server), then every server."""

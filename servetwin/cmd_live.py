@@ -19,6 +19,7 @@ from servetwin.cmd_live_plugin import (
     require_plugin,
 )
 from servetwin.cmd_live_replay import register_compare, register_replay
+from servetwin.cmd_live_vllm import register_install_vllm, register_serve_vllm
 
 
 def register(subparsers) -> None:
@@ -161,4 +162,5 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
 
 
 LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare,
-                    register_command, register_decisions, register_fleet]
+                    register_command, register_decisions, register_fleet, register_install_vllm,
+                    register_serve_vllm]

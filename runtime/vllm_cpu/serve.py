@@ -30,6 +30,9 @@ DEFAULT_ARGS: dict[str, str | bool] = {
     "--max-num-seqs": "16",
     "--served-model-name": SERVED_NAME,
     "--enable-prompt-tokens-details": True,
+    # no torch.compile: its start-up compile took 150 s on the shared 2-core machine, and
+    # a tiny dummy model gains nothing from it
+    "--enforce-eager": True,
 }
 
 
@@ -52,7 +55,7 @@ class VllmServer(CpuServer):
     """A real vLLM server on the CPU harness, started and stopped as one process group."""
 
     def __init__(self, user_args: Sequence[str] = (), *, prefix: str | os.PathLike | None = None,
-                 log_path: str | os.PathLike | None = None, start_timeout: float = 300.0,
+                 log_path: str | os.PathLike | None = None, start_timeout: float = 600.0,
                  env: dict[str, str] | None = None) -> None:
         self.harness = require_vllm(prefix)  # type: ignore[assignment]
         self.env = vllm_env() | dict(env or {})
