@@ -107,7 +107,7 @@ def sglang_chunk(vllm_chunk: dict, rid: str | None, pool: Pool) -> dict | None:
     """One vLLM streamed completion chunk as an SGLang /generate chunk (None: nothing to say)."""
     usage = vllm_chunk.get("usage") or {}
     choices = vllm_chunk.get("choices") or []
-    if not usage:
+    if not usage or not choices:  # the closing usage-only chunk repeats the last counts
         return None
     details = usage.get("prompt_tokens_details") or {}
     finish = choices[0].get("finish_reason") if choices else None

@@ -7,7 +7,10 @@ Pure (no I/O): the caller snapshots each worker's Prometheus text before and aft
 - prompt tokens: `sglang:prompt_tokens_total`,
 - cached tokens: `sglang:prefill_effective_tokens_total{mode="device_hit"}` (prompt tokens
   served from the radix cache; SGLang 0.5.23 has no `cached_tokens_total`),
-- output tokens: `sglang:generation_tokens_total`.
+- output tokens: `sglang:generation_tokens_total`;
+
+and a vLLM worker's `vllm:request_success_total`, `vllm:prompt_tokens_total`,
+`vllm:prompt_tokens_cached_total`, `vllm:generation_tokens_total`.
 
 A worker that died during the run has no "after" snapshot; its row says so (`None` counts).
 """
@@ -25,19 +28,28 @@ COUNTERS = {
     "cached_tokens": ("sglang:prefill_effective_tokens_total", 'mode="device_hit"'),
     "output_tokens": ("sglang:generation_tokens_total", None),
 }
+# A vLLM worker (behind servetwin's length router) under vLLM 0.32's names.
+VLLM_COUNTERS = {
+    "requests": ("vllm:request_success_total", None),
+    "prompt_tokens": ("vllm:prompt_tokens_total", None),
+    "cached_tokens": ("vllm:prompt_tokens_cached_total", None),
+    "output_tokens": ("vllm:generation_tokens_total", None),
+}
 
 
 def counters(prom_text: str) -> dict[str, float] | None:
-    """The counters of `COUNTERS` in a Prometheus text (sums over label sets); None when
-    the text is not a metrics page (e.g. the `# unavailable` note of a dead worker)."""
-    sums = dict.fromkeys(COUNTERS, 0.0)
+    """The counters of `COUNTERS` (SGLang) or `VLLM_COUNTERS` in a Prometheus text (sums
+    over label sets); None when the text is not a metrics page (e.g. the `# unavailable`
+    note of a dead worker)."""
+    table = VLLM_COUNTERS if "vllm:" in prom_text and "sglang:" not in prom_text else COUNTERS
+    sums = dict.fromkeys(table, 0.0)
     seen = False
     for line in prom_text.splitlines():
         m = _LINE.match(line)
         if not m:
             continue
         name, labels, value = m.group(1), m.group(2) or "", m.group(3)
-        for key, (metric, need) in COUNTERS.items():
+        for key, (metric, need) in table.items():
             if name == metric and (need is None or need in labels):
                 try:
                     v = float(value)

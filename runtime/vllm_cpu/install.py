@@ -94,7 +94,9 @@ def vllm_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a vLLM harness process runs in: offline hub, one torch thread."""
     env = dict(os.environ if base is None else base)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONNOUSERSITE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               # /reset_prefix_cache (the length router's /flush_cache); loopback only
+               VLLM_SERVER_DEV_MODE="1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
     env.setdefault("OMP_NUM_THREADS", "1")  # as the SGLang harness: 2 shared cores
     env.pop("PYTHONPATH", None)
