@@ -115,6 +115,7 @@ class Deployment:
         self._seq = 0
         self._retry_at: list[float] = []
         self.stats = {"retries": 0, "refused": 0, "no_worker": 0, "lost_in_flight": 0}
+        self.send_log: list[tuple[float, str, str, int]] | None = None  # (t, rid, worker, try)
 
     def add(self, rep, pool: str = "default", name: str | None = None, gpus: int = 1,
             kind: str = "sglang", scaled: ScaledStepTime | None = None) -> Replica:
@@ -148,7 +149,11 @@ class Deployment:
 
     def left(self, replica, req: SimRequest) -> None:
         t = self.tickets.get(id(req.req))
-        if t is None or t.final is not None:  # drained at the horizon, never sent
+        if t is None:  # drained at the horizon, never sent
+            t = Ticket(self._seq, req.req, req.arrival_s, final=req)
+            self._seq += 1
+            self.tickets[id(req.req)] = t
+            self.done_tickets.append(t)
             self.source.finished(self.env.now)
             self._release_more()
             return
@@ -164,9 +169,13 @@ class Deployment:
         self._finish(t, w.index, req)
 
     def unsent(self) -> list[tuple[float, Request]]:
-        """At the horizon: every request not yet handed to a replica (once)."""
-        if self._drained:
+        """At the horizon: every request not yet handed to a replica (once). A fleet
+        drains in `finalize`, when no replica holds a closed-loop slot any more."""
+        if self._drained or self.fleet:
             return []
+        return self._drain()
+
+    def _drain(self) -> list[tuple[float, Request]]:
         self._drained = True
         out = []
         while not self.source.exhausted:  # closed loop: each leave releases the next one
@@ -197,6 +206,8 @@ class Deployment:
             return
         w = self.workers[idx]
         w.routed += 1
+        if self.send_log is not None:
+            self.send_log.append((now, t.req.rid, w.name, t.attempts))
         if not w.up:
             self.stats["refused"] += 1
             w.breaker.record(False, now)
@@ -283,14 +294,14 @@ class Deployment:
         self.env.process(self.run())
         if not run_replicas:
             return
-        for w in self.workers:
+        for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
+            self.env.process(self._fault(f, self._worker(f.replica)))  # first: a fault at t
+        for w in self.workers:  # applies to steps that start at t
             self.env.process(self._life(w))
             if not self.failover.disable_health_check:
                 self.env.process(self._health(w))
         if self.poll_interval_s:
             self.env.process(self._poll())
-        for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
-            self.env.process(self._fault(f, self._worker(f.replica)))
 
     def _worker(self, name: str) -> Worker:
         for w in self.workers:
@@ -321,7 +332,8 @@ class Deployment:
     def _fault(self, f: Fault, w: Worker) -> Iterator[simpy.Event]:
         if self.horizon is not None and f.at_s >= self.horizon:
             return
-        yield self.env.timeout(max(f.at_s - self.env.now, 0.0))
+        if f.at_s > self.env.now:
+            yield self.env.timeout(f.at_s - self.env.now)
         if f.kind == "crash":
             if not w.up:
                 return
@@ -347,8 +359,10 @@ class Deployment:
 
     def _health(self, w: Worker) -> Iterator[simpy.Event]:
         cfg = self.failover
-        while not self._ended():
-            yield self.env.timeout(cfg.health_check_interval_secs)
+        k = 0
+        while not self._ended():  # fixed-rate ticks, as a tokio interval
+            k += 1
+            yield self.env.timeout(max(k * cfg.health_check_interval_secs - self.env.now, 0.0))
             if not w.up:  # connection refused at once
                 w.health.result(False, self.env.now, cfg)
             elif not w.answers_health:
@@ -368,7 +382,7 @@ class Deployment:
     def finalize(self) -> None:
         """After `env.run()`: what never ended (a retry pending at the horizon, requests
         no replica drained) ends `aborted`."""
-        for sent, req in self.unsent():
+        for sent, req in self._drain():
             t = Ticket(self._seq, req, sent)
             self._seq += 1
             self._open += 1

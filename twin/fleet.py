@@ -153,10 +153,11 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
         if "router" in pool:
             pool_routers[name] = _router_dict(where, f"{at}.router", pool["router"])
         reps = pool.get("replicas")
+        rat = f"{at}.replicas" if "pools" in d else "replicas"
         if not isinstance(reps, list) or not reps:
-            raise where.err(f"{at}.replicas", "must be a non-empty list")
+            raise where.err(rat, "must be a non-empty list")
         for j, rep in enumerate(reps):
-            replicas += _replica_specs(where, f"{at}.replicas[{j}]", rep, name, gpu)
+            replicas += _replica_specs(where, f"{rat}[{j}]", rep, name, gpu)
     names = [r.name for r in replicas]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -358,13 +359,18 @@ def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = 
         spec = load_spec(spec)
     env = simpy.Environment()
     dep = build_fleet(env, spec, workload, horizon_s, kinds, debug_checks)
+    result = run_deployment(dep, slo)
+    result.summary["deployment"] = spec.name
+    return result
+
+
+def run_deployment(dep: Deployment, slo: SLO | None = None) -> FleetResult:
+    """Start a built deployment, run it to the end, and collect its results."""
     dep.start(run_replicas=True)
-    env.run()
+    dep.env.run()
     dep.finalize()
     records = dep.records()
-    summary = dep.summary(records, slo)
-    summary["deployment"] = spec.name
-    return FleetResult(records, summary, dep.series(), dep)
+    return FleetResult(records, dep.summary(records, slo), dep.series(), dep)
 
 
 def with_router(spec: FleetSpec, router: dict, pool_routers: dict | None = None) -> FleetSpec:

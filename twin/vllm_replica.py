@@ -164,7 +164,9 @@ class VllmReplica:
         self._reset_kv()
 
     def _reset_kv(self) -> None:
-        self.free_q: OrderedDict = OrderedDict((("f", i), None) for i in range(self.n_blocks))
+        # vLLM's free queue: never-used blocks first (a count), then freed ones in order
+        self.fresh = self.n_blocks
+        self.free_q: OrderedDict = OrderedDict()
         self.hashed: set = set()  # membership only: never iterated
         self.refs: dict = {}
         self.blocks: dict[int, list] = {}  # request index -> block keys
@@ -351,7 +353,7 @@ class VllmReplica:
             kv0 = sum(r.computed + 1 for r in self.running)
             first = float(self.st.decode_times(b, np.array([kv0]))[0])
             k = min(k, int((bound - self.env.now) / first) + 1)
-        while k > 1 and self._blocks_needed(k) > len(self.free_q):
+        while k > 1 and self._blocks_needed(k) > self.n_free:
             k //= 2
         return k
 
@@ -431,7 +433,7 @@ class VllmReplica:
         held = self.blocks[r.index]
         new = -(-(computed + n) // BLOCK) - len(held) - len(hits)
         cost = max(new, 0) + sum(1 for key in hits if key in self.free_q)
-        if cost > len(self.free_q):
+        if cost > self.n_free:
             return False
         for key in hits:
             if key in self.free_q:
@@ -439,8 +441,11 @@ class VllmReplica:
             self.refs[key] = self.refs.get(key, 0) + 1
             held.append(key)
         for _ in range(max(new, 0)):
-            old, _ = self.free_q.popitem(last=False)
-            self.hashed.discard(old)  # a cached block reused from the head: evicted
+            if self.fresh:
+                self.fresh -= 1
+            else:
+                old, _ = self.free_q.popitem(last=False)
+                self.hashed.discard(old)  # a cached block reused from the head: evicted
             self._tag += 1
             held.append(("p", self._tag))
         return True
@@ -550,19 +555,22 @@ class VllmReplica:
     def _sample(self, now: float) -> None:
         if now < self._next_sample:
             return
-        used = (self.n_blocks - len(self.free_q)) * BLOCK
+        used = (self.n_blocks - self.n_free) * BLOCK
         self.series.append((round(now, 6), len(self.running), len(self.waiting), used, used,
-                            len(self.free_q) * BLOCK, len(self.hashed) * BLOCK, None))
+                            self.n_free * BLOCK, len(self.hashed) * BLOCK, None))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
 
     @property
     def step_end(self) -> np.ndarray:
         return np.concatenate(self._end_chunks) if self._end_chunks else np.empty(0)
 
+    @property
+    def n_free(self) -> int:
+        return self.fresh + len(self.free_q)
+
     def check_integrity(self) -> None:
-        held = sum(len(b) for b in self.blocks.values())
-        assert held + len(self.free_q) >= self.n_blocks - 0, (held, len(self.free_q))
-        in_use = sum(1 for b in self.blocks.values() for _ in b)
+        """Every block is free or held; a shared cached block is held once per holder."""
+        in_use = sum(len(b) for b in self.blocks.values())
         shared = sum(v - 1 for v in self.refs.values() if v > 1)
-        assert in_use - shared + len(self.free_q) == self.n_blocks, (
-            in_use, shared, len(self.free_q), self.n_blocks)
+        assert in_use - shared + self.n_free == self.n_blocks, (
+            in_use, shared, self.n_free, self.n_blocks)
