@@ -96,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.add_argument("--debug-checks", action="store_true",
                    help="check memory and radix-cache invariants at every sample")
+    from servetwin.cmd_fleet import add_args as add_fleet_args
+
+    add_fleet_args(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -138,6 +141,12 @@ def sim_config(ns: argparse.Namespace, args, gpu: str) -> SimConfig:
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.deployment or ns.fault:
+        if not ns.deployment:
+            raise ConfigError("--fault needs --deployment (faults name a fleet's replicas)")
+        from servetwin.cmd_fleet import run as run_fleet
+
+        return run_fleet(ns, DEFAULT_WORKLOAD)
     args, gpu, calibrated = _deployment(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
     cfg = sim_config(ns, args, gpu)

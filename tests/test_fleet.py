@@ -272,3 +272,24 @@ def test_every_request_ends_once_and_none_is_sent_to_a_server_known_dead(d):
         for (t0, state), (t1, _) in zip(marks, marks[1:], strict=False):
             if state == "unhealthy":
                 assert not [s for s in dep.send_log if s[2] == w.name and t0 < s[0] < t1]
+
+
+def test_cli_simulates_a_deployment_file_with_a_fault_and_writes_tagged_records(tmp_path):
+    from servetwin.cli import main
+    from twin.metrics import read_records
+
+    dep = tmp_path / "dep.yaml"
+    dep.write_text("gpu: a100-sxm-80gb\nrouter: round_robin\nreplicas:\n"
+                   "  - {name: r, count: 2, step_time_backend: roofline,\n"
+                   "     server_args: {model_path: meta-llama/Llama-3.1-8B}}\n"
+                   "failover: {health_check_interval_secs: 2, streaming: false}\n")
+    out = tmp_path / "out"
+    wl = "arrival=poisson,rate=4,n=40,prompt=uniform:100:400,output=uniform:10:40"
+    assert main(["simulate", "--deployment", str(dep), "--workload", wl, "--fault",
+                 "crash:r0:3:5", "--out", str(out)]) == 0
+    recs = read_records(out / "requests.jsonl")
+    assert len(recs) == 40 and {r["replica"] for r in recs} == {"r0", "r1"}
+    assert all(r["status"] == "ok" for r in recs) and max(r["attempts"] for r in recs) >= 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["replicas"]["r0"]["crashes"] == [[3.0, 8.0]]
+    assert (out / "timeseries.csv").read_text().startswith("replica,t_s,")
