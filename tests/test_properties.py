@@ -31,16 +31,17 @@ def workloads(draw):
 
 @st.composite
 def configs(draw):
+    chunk = draw(st.sampled_from([-1, 64, 256]))
     return SimConfig(
         args=ServerArgs(
             model_path=MODEL,
             max_total_tokens=draw(st.integers(400, 3000)),
-            chunked_prefill_size=draw(st.sampled_from([-1, 64, 256])),
+            chunked_prefill_size=chunk,
             max_prefill_tokens=draw(st.sampled_from([128, 1024, 16384])),
             max_running_requests=draw(st.sampled_from([None, 1, 3])),
             schedule_policy=draw(st.sampled_from(["fcfs", "lof"])),
             disable_radix_cache=draw(st.booleans()),
-            enable_mixed_chunk=draw(st.booleans()),
+            enable_mixed_chunk=draw(st.booleans()) and chunk > 0,  # SGLang: no mixed at -1
             enable_priority_scheduling=draw(st.booleans()),
             page_size=draw(st.sampled_from([1, 1, 16])),
         ),
