@@ -45,13 +45,10 @@ def split_rows(policy: str, side: str, records: list[dict], work) -> list[str]:
 
 
 def failover_rows(side: str, records: list[dict], kill_at: float) -> list[str]:
-    before = [r for r in records if r["arrival_s"] <= kill_at]
-    after = [r for r in records if r["arrival_s"] > kill_at]
-    failed = [r for r in records if r["status"] != "ok"]
-    on_survivor = sum(1 for r in after if r["status"] == "ok" and r.get("replica") == "replica-1")
-    names = ", ".join(sorted((r["rid"] for r in failed), key=lambda s: int(s[1:]))) or "-"
-    return [f"| {side} | {len(before)} | {len(failed)} ({names}) | {len(after)} | "
-            f"{on_survivor} | {sum(1 for r in after if r['status'] != 'ok')} |"]
+    f = fl.failover_summary(records, kill_at)
+    return [f"| {side} | {f['sent_before']} | {len(f['failed'])} ({', '.join(f['failed']) or '-'}) "
+            f"| {f['sent_after']} | {f['after_ok_elsewhere']} | {len(f['retried'])} "
+            f"({', '.join(f['retried']) or '-'}) | {f['attempts']} |"]
 
 
 def machine() -> str:
@@ -91,24 +88,32 @@ def main() -> int:
             table += split_rows(policy, "live", run.records, work)
             table += split_rows(policy, "twin", twin, work)
             print(f"{policy}: done", flush=True)
-        run = fl.replay_through_router(fleet, RouterOptions(policy="round_robin"), work,
+        fwork = fl.workload(spec=fl.FAILOVER_WORKLOAD)
+        run = fl.replay_through_router(fleet, RouterOptions(policy="round_robin"), fwork,
                                        kill=(0, 8))
         run.result.write(args.out / "live-failover")
+        (args.out / "live-failover" / "router.log").write_text(run.router_log)
         kill_at = run.kill_at_s
+        live = fl.with_attempts(run.records, run.router_log)
+        write_records(args.out / "live-failover" / "requests-with-attempts.jsonl", live)
         fault = [{"kind": "crash", "replica": "replica-0", "at_s": round(kill_at, 3),
                   "repair_s": 3600}]
-        twin = fl.simulate(info, "round_robin", work, faults=fault)
+        twin = fl.simulate(info, "round_robin", fwork, faults=fault)
         write_records(args.out / "twin-failover.jsonl", twin)
         fail = ["| side | sent before the kill | failed | sent after | ok on replica-1 | "
-                "failed after |", "|---|---:|---|---:|---:|---:|"]
-        fail += failover_rows("live", run.records, kill_at)
+                "retried (attempts > 1) | attempts |", "|---|---:|---|---:|---:|---|---:|"]
+        fail += failover_rows("live", live, kill_at)
         fail += failover_rows("twin", twin, kill_at)
+        circuit = fl.circuit_events(run.router_log)
         errors = sorted({(r["error"] or "")[:120] for r in run.records if r["status"] != "ok"})
-    text = "\n".join(header + table + ["", f"Failover: round_robin, replica-0 SIGKILLed at "
-                                            f"{kill_at:.2f} s (replay clock), default router "
-                                            "flags.", ""] + fail + ["", "Live errors of the "
-                                            "failed requests: " + "; ".join(
-                                                f"`{e}`" for e in errors) if errors else ""])
+    notes = [f"Router circuit breaker of replica-0: {', '.join(circuit) or 'no transition'}."]
+    if errors:
+        notes.append("Live errors of the failed requests: "
+                     + "; ".join(f"`{e}`" for e in errors))
+    text = "\n".join(header + table + [
+        "", f"Failover: workload `{fl.FAILOVER_WORKLOAD}`, round_robin, default router flags; "
+        f"replica-0 SIGKILLed at {kill_at:.2f} s (replay clock), after 8 requests were sent; "
+        "the twin crashes it at the same time.", ""] + fail + [""] + notes)
     text += "\n\nPrinted by `python benchmarks/fleet_live.py`.\n"
     print(text)
     (args.out / "summary.md").write_text(text)

@@ -14,6 +14,7 @@ matches) are compared, not latencies.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +29,10 @@ from twin.workload import Request, Workload, from_spec
 # tokens keep a run to about 15-30 s on the 2-core machine.
 WORKLOAD = ("arrival=poisson,rate=1.5,n=24,prompt=uniform:32:96,output=fixed:8,"
             "templates=3,template_len=256,share=0.9")
+# The failover run: 48 output tokens keep requests in flight (1-3 s each live) when a
+# server is killed.
+FAILOVER_WORKLOAD = WORKLOAD.replace("output=fixed:8", "output=fixed:48").replace(
+    "rate=1.5", "rate=2")
 TWIN_GPU = "a100-pcie-80gb"
 SERVER_KEYS = ("model_path", "tp_size", "max_total_tokens", "chunked_prefill_size",
                "max_running_requests", "context_length", "max_prefill_tokens",
@@ -140,6 +145,54 @@ def replay_through_router(fleet, options: RouterOptions, work: Workload,
         result = replay(work, cfg, progress=progress, facts=facts)
         router_log = router.log_path.read_text(errors="replace")
     return LiveRun(result, router_log, killed.get("at"))
+
+
+def failover_summary(records: Sequence[dict], kill_at: float, dead: str = "replica-0") -> dict:
+    """Who failed and who was retried around a crash at `kill_at` (records with
+    `attempts`)."""
+    after = [r for r in records if r["arrival_s"] > kill_at]
+    return {
+        "sent_before": sum(1 for r in records if r["arrival_s"] <= kill_at),
+        "failed": sorted((r["rid"] for r in records if r["status"] != "ok"), key=_rid_key),
+        "sent_after": len(after),
+        "after_ok_elsewhere": sum(1 for r in after if r["status"] == "ok"
+                                  and r.get("replica") != dead),
+        "retried": sorted((r["rid"] for r in records if r.get("attempts", 1) > 1), key=_rid_key),
+        "attempts": sum(r.get("attempts", 1) for r in records),
+    }
+
+
+def _rid_key(rid: str) -> tuple:
+    digits = "".join(c for c in rid if c.isdigit())
+    return (int(digits) if digits else -1, rid)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_REFUSED = re.compile(r'request_id="([^"]+)"\}.*Failed to send typed request worker_url=(\S+)')
+
+
+def router_attempts(router_log: str) -> dict[str, list[str]]:
+    """Per request id (the replay sends its rid as X-Request-Id), the workers the router
+    failed to reach before the attempt that answered: sglang-router logs each as
+    "Failed to send typed request worker_url=..." under the request's id."""
+    out: dict[str, list[str]] = {}
+    for line in _ANSI.sub("", router_log).splitlines():
+        m = _REFUSED.search(line)
+        if m:
+            out.setdefault(m.group(1), []).append(m.group(2))
+    return out
+
+
+def circuit_events(router_log: str) -> list[str]:
+    """The router's circuit-breaker transitions, in order ("closed -> open", ...)."""
+    text = _ANSI.sub("", router_log)
+    return re.findall(r"Circuit breaker state transition: (\w+ -> \w+)", text)
+
+
+def with_attempts(records: Sequence[dict], router_log: str) -> list[dict]:
+    """Live records with `attempts` (1 + the router's refused attempts), as the twin's."""
+    refused = router_attempts(router_log)
+    return [r | {"attempts": 1 + len(refused.get(r["rid"], []))} for r in records]
 
 
 def server_info(url: str) -> dict:

@@ -311,7 +311,9 @@ class _Run:
             self.in_flight -= 1
 
     async def _stream(self, log: StreamLog, body: bytes) -> None:
-        headers = {"Content-Type": "application/json"}
+        # X-Request-Id: an sglang-router in front logs each attempt under this id, so its
+        # retries can be matched to requests (experiments/fleet_live.router_attempts)
+        headers = {"Content-Type": "application/json", "X-Request-Id": log.request.rid}
         try:
             async with aclosing(stream_generate(self.session, self.cfg.url, data=body,
                                                 headers=headers)) as chunks:
