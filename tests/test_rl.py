@@ -16,7 +16,7 @@ from experiments.rl.config import preset
 from experiments.rl.env import SchedulingEnv
 from experiments.rl.episode import Ledger, run_policy
 from experiments.rl.evaluate import episode_workload, evaluate_policy, mean_stats
-from twin.policy import build_policy, make_policy, read_spec
+from twin.policy import build_policy, make_policy, read_spec, spec_from_dict
 from twin.policy.check import check_policy
 from twin.policy.features import feature_names
 from twin.policy.learned import LearnedPolicy
@@ -190,3 +190,35 @@ def test_shipped_policy_runs_with_numpy_alone():
     assert about["evaluation"] and about["train"]
     with pytest.raises(Exception, match="not a shipped policy"):
         read_spec("learned:no-such-policy")
+
+
+def test_menu_spf_with_the_chunk_cap_is_sglangs_shortest_prefill_first():
+    from experiments.rl.env import capacity_of, step_time_for
+
+    cfg = preset("tiny", chunk_cap=True)
+    wl = episode_workload(cfg, 5, {"load": 1.5, "burst_cv": 2.0})
+    t = cfg.targets.to_json()
+    runs = [run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg), build_policy(s))[1]
+            for s in (read_spec("shortest-prefill-first"),
+                      spec_from_dict({"name": "menu", "params": {"rule": "spf", **t,
+                                                                 "chunk_cap": True}}))]
+    assert json.dumps(runs[0]) == json.dumps(runs[1])
+    uncapped = run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg), build_policy(
+        spec_from_dict({"name": "menu", "params": {"rule": "spf", **t}})))[1]
+    assert json.dumps(uncapped) != json.dumps(runs[0])  # the cap changes the schedule
+
+
+def test_selector_file_carries_its_chunk_cap(tmp_path):
+    from experiments.rl.export import export_selector
+
+    rng = np.random.default_rng(0)
+    n_in = len(feature_names())
+    layers = [(rng.normal(size=(8, n_in)), rng.normal(size=8)),
+              (rng.normal(size=(4, 8)), rng.normal(size=4))]
+    capped = LearnedPolicy(weights=str(export_selector(
+        layers, preset("tiny", chunk_cap=True), tmp_path / "c.safetensors")))
+    plain = LearnedPolicy(weights=str(export_selector(layers, TINY, tmp_path / "p.safetensors")))
+    assert hasattr(capped, "chunk_limit") and not hasattr(plain, "chunk_limit")
+    check_policy(capped)
+    assert (tmp_path / "p.safetensors").read_bytes() == export_selector(
+        layers, TINY, tmp_path / "q.safetensors").read_bytes()  # same input, same bytes

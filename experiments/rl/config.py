@@ -73,6 +73,9 @@ class EnvConfig:
     targets: SloTargets = field(default_factory=SloTargets)
     menu: tuple[str, ...] = MENU
     k_slots: int = K_SLOTS
+    #: SGLang's shortest-prefill-first chunk cap on top of every order (live: a server
+    #: started with --schedule-policy shortest-prefill-first)
+    chunk_cap: bool = False
     #: requests per second at 100 % load; None: measured (saturated closed loop, fcfs)
     capacity_rps: float | None = None
     #: passes sooner than this after the agent's last decision keep its last choice
@@ -91,7 +94,8 @@ class EnvConfig:
                else v for k, v in d["family"].items()}
         return cls(deployment=DeploymentSpec(**d["deployment"]), family=FamilySpec(**fam),
                    targets=SloTargets.from_json(d["targets"]), menu=tuple(d["menu"]),
-                   k_slots=d["k_slots"], capacity_rps=d["capacity_rps"],
+                   k_slots=d["k_slots"], chunk_cap=d.get("chunk_cap", False),
+                   capacity_rps=d["capacity_rps"],
                    min_gap_s=d["min_gap_s"], drain_factor=d["drain_factor"])
 
 
@@ -102,7 +106,8 @@ TINY = EnvConfig(
                       template_tokens=1024),
     targets=SloTargets(ttft_s=0.5, tpot_s=0.05, doc_tokens=3000,
                        doc_ttft_s_per_token=1e-4))
-PRESETS = {"finance-qa": EnvConfig(), "tiny": TINY}
+PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=True),
+           "tiny": TINY}
 
 
 def preset(name: str, **changes) -> EnvConfig:

@@ -27,6 +27,7 @@ from twin.perf import StepTimeModel
 from twin.policy import Plan, Policy, Snapshot
 from twin.policy.features import SloTargets
 from twin.policy.menu import RULES
+from twin.policy.sglang import ShortestPrefillFirst
 from twin.replica import Replica
 from twin.sim import build_replica
 from twin.workload import Workload
@@ -80,9 +81,12 @@ class HeldChoice(Policy):
 
     name = "held-choice"
 
-    def __init__(self, menu: tuple[str, ...], targets: SloTargets) -> None:
+    def __init__(self, menu: tuple[str, ...], targets: SloTargets,
+                 chunk_cap: bool = False) -> None:
         super().__init__()
         self.menu, self.targets, self.choice = menu, targets, 0
+        if chunk_cap:
+            self.chunk_limit = ShortestPrefillFirst.chunk_limit
 
     def wants_prefix_match(self, n_waiting: int) -> bool:
         return True
@@ -108,7 +112,7 @@ class Episode:
                  capacity_rps: float) -> None:
         self.cfg = cfg
         self.env = simpy.Environment()
-        self.held = HeldChoice(cfg.menu, cfg.targets)
+        self.held = HeldChoice(cfg.menu, cfg.targets, cfg.chunk_cap)
         self.decider = AgentDecider(self.env, self.held, takes=self._takes)
         sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
         self.rep, _ = build_replica(self.env, wl, sim, step_time, decider=self.decider)

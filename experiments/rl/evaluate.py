@@ -35,7 +35,7 @@ def episode_workload(cfg: EnvConfig, seed: int, options: dict | None = None) -> 
 def heuristic_specs(cfg: EnvConfig) -> dict[str, PolicySpec]:
     """Every heuristic in the registry by a label: SGLang's policies, `priority`, the
     users' `slices` in each mode, and each menu rule alone (`menu:RULE`, with the SLO
-    targets of `cfg`)."""
+    targets of `cfg`; also `menu:RULE+cap` when `cfg.chunk_cap`)."""
     specs = {n: PolicySpec(n) for n in ("fcfs", "lof", "lpm", "hrrn", "dfs-weight",
                                         "shortest-prefill-first", "random", "priority")}
     for mode in ("conservative", "moderate", "aggressive"):
@@ -43,6 +43,9 @@ def heuristic_specs(cfg: EnvConfig) -> dict[str, PolicySpec]:
     t = cfg.targets.to_json()
     for rule in cfg.menu:
         specs[f"menu:{rule}"] = PolicySpec("menu", {"rule": rule, **t})
+        if cfg.chunk_cap:  # the learned policy's own setting, for each rule alone
+            specs[f"menu:{rule}+cap"] = PolicySpec("menu", {"rule": rule, **t,
+                                                            "chunk_cap": True})
     return specs
 
 

@@ -10,7 +10,8 @@ Two kinds, told apart by the weight file's metadata (`kind`):
 - `selector` (what `servetwin rl train` exports): the network reads the pass's features
   (`twin.policy.features.pass_features`, with the SLO targets stored in the file) and its
   largest output picks one queue order from the menu (`twin.policy.menu`) for this pass.
-  It never preempts.
+  It never preempts. With `chunk_cap` in the metadata it also caps the running chunked
+  prefill as SGLang's shortest-prefill-first does (twin/policy/menu.py).
 
 Weights come from a safetensors file (read here with numpy: an 8-byte header length, a
 JSON header, raw little-endian tensors; the header's `__metadata__["servetwin"]` holds the
@@ -32,6 +33,7 @@ from twin.policy.base import Policy, RequestView, Snapshot
 from twin.policy.features import K_SLOTS, SloTargets, feature_names, pass_features
 from twin.policy.menu import RULES
 from twin.policy.registry import register
+from twin.policy.sglang import ShortestPrefillFirst
 
 FEATURES = ("priority", "log_wait_s", "log_prompt", "log_uncached", "cached_share",
             "log_max_new", "log_generated", "is_running")
@@ -182,6 +184,8 @@ class LearnedPolicy(Policy):
             self.menu = tuple(self.meta["menu"])
             self.k = int(self.meta.get("k_slots", K_SLOTS))
             self.targets = SloTargets.from_json(self.meta.get("targets", {}))
+            if self.meta.get("chunk_cap"):
+                self.chunk_limit = ShortestPrefillFirst.chunk_limit
         self.margin = preempt_margin
 
     @property

@@ -9,6 +9,12 @@ queue index, so every order is a function of the snapshot.
 - `spf`: fewest uncached prompt tokens first (shortest prefill first).
 - `priority`: highest tier first, then oldest.
 - `edf`: earliest TTFT deadline first (arrival + the request's TTFT target).
+
+With `chunk_cap`, a policy also caps the running chunked prefill as SGLang's
+shortest-prefill-first does (`ShortestPrefillFirst.chunk_limit`, over the queue in the
+policy's order): room is left in the chunk budget for the shorter requests at the head of
+the queue. Live, SGLang applies that cap itself on a server started with
+`--schedule-policy shortest-prefill-first` (the plugin's order is the queue it reads).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 from twin.policy.base import Policy, Snapshot
 from twin.policy.features import SloTargets, waiting_targets
 from twin.policy.registry import register
+from twin.policy.sglang import ShortestPrefillFirst
 
 
 def _by(snap: Snapshot, key) -> list[int]:
@@ -57,14 +64,16 @@ def targets_from(ttft_s: float, tpot_s: float | None, doc_tokens: int,
 @register
 class MenuPolicy(Policy):
     """One menu rule as a fixed policy (`rule`: fcfs, spf, priority, edf); the SLO params
-    set the deadlines `edf` uses (docs/rl.md)."""
+    set the deadlines `edf` uses (docs/rl.md); `chunk_cap` adds SGLang's spf chunk cap."""
 
     name = "menu"
 
     def __init__(self, *, rule: str = "edf", ttft_s: float = 1.5, tpot_s: float = 0.1,
                  doc_tokens: int = 4096, doc_ttft_s_per_token: float = 5e-4,
-                 tier_ttft_s: list | None = None) -> None:
+                 tier_ttft_s: list | None = None, chunk_cap: bool = False) -> None:
         super().__init__()
+        if chunk_cap:
+            self.chunk_limit = ShortestPrefillFirst.chunk_limit
         if rule not in RULES:
             raise ValueError(f"rule {rule!r}: allowed values: {', '.join(RULES)}")
         self.rule = rule
