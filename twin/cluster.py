@@ -437,6 +437,9 @@ class Deployment:
         decisions = getattr(self.router, "decisions", None)
         if decisions is not None:
             s["router_decisions"] = dict(decisions)
+        for pool, inner in getattr(self.router, "inner", {}).items():  # the length router
+            if getattr(inner, "decisions", None) is not None:
+                s["pools"][pool]["router_decisions"] = dict(inner.decisions)
         return s
 
     def series(self) -> list[tuple]:
