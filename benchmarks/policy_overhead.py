@@ -19,6 +19,7 @@ policy is `fcfs` with priority scheduling (SGLang sorts by priority, then queue 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,14 +62,19 @@ def make_reqs(n: int, prefix: str):
     return out
 
 
-def per_call_us(fn, calls: int, repeats: int = 7) -> float:
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def per_call_us(fn, calls: int) -> float:
+    """CPU time per call (`process_time`: on the shared machine wall time mostly measures
+    how long the process waited for a core), with the garbage collector off as `timeit`
+    has it."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time()
         for _ in range(calls):
             fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
+        return (time.process_time() - t0) / calls * 1e6
+    finally:
+        gc.enable()
 
 
 def stand_in_scheduler():
@@ -90,7 +97,7 @@ def make_adder(cls, running):
     return adder
 
 
-def measure() -> list[tuple[str, int, float, float]]:
+def measure(rounds: int) -> list[Row]:
     from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
     from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -113,12 +120,24 @@ def measure() -> list[tuple[str, int, float, float]]:
         r.output_ids.extend(range(10))
     rows = []
     for n in SIZES:
-        rows += rows_at(n, runtimes, running, adder_cls, own_calc)
+        rows += rows_at(n, runtimes, running, adder_cls, own_calc, rounds)
     hooks._RUNTIME = None
     return rows
 
 
-def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc) -> list:
+@dataclass
+class Row:
+    label: str
+    n: int
+    calc: list[float]  # µs per call, one sample per round
+    preempt: list[float]
+
+
+def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc,
+            rounds: int) -> list[Row]:
+    """Every round measures SGLang's own and each runtime back to back, so a paired
+    difference sees the same machine load. Each runtime orders its own copy of the queue
+    (the same `Req`s), so SGLang's own sort never starts from another policy's order."""
     from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -126,22 +145,32 @@ def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc) ->
 
     calls = max(20, 6000 // n)
     sp = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
-    queue = make_reqs(n, "w")
-    candidate = queue[n // 2]
+    base = make_reqs(n, "w")
+    candidate = base[n // 2]
     batch = SimpleNamespace(reqs=running)
-    rows = [("SGLang's own", n,
-             per_call_us(lambda: own_calc(sp, queue, batch, 0), calls),
-             per_call_us(lambda: PrefillAdder.preempt_to_schedule(
-                 make_adder(PrefillAdder, running), candidate), calls))]
-    for label, rt in runtimes.items():
-        hooks._RUNTIME = rt
-        sp.calc_priority(queue, batch, processed_tokens=0)  # this pass's views
-        rows.append((label, n,
-                     per_call_us(lambda: sp.calc_priority(queue, batch, processed_tokens=0),
-                                 calls),
-                     per_call_us(lambda: make_adder(adder_cls, running)
-                                 .preempt_to_schedule(candidate), calls)))
-    return rows
+    rows = {"SGLang's own": Row("SGLang's own", n, [], [])}
+    rows |= {label: Row(label, n, [], []) for label in runtimes}
+    queues = {label: list(base) for label in rows}
+
+    def own() -> tuple[float, float]:
+        q = queues["SGLang's own"]
+        return (per_call_us(lambda: own_calc(sp, q, batch, 0), calls),
+                per_call_us(lambda: PrefillAdder.preempt_to_schedule(
+                    make_adder(PrefillAdder, running), candidate), calls))
+
+    def plugin(label: str) -> tuple[float, float]:
+        hooks._RUNTIME, q = runtimes[label], queues[label]
+        sp.calc_priority(q, batch, processed_tokens=0)  # this pass's views
+        return (per_call_us(lambda: sp.calc_priority(q, batch, processed_tokens=0), calls),
+                per_call_us(lambda: make_adder(adder_cls, running)
+                            .preempt_to_schedule(candidate), calls))
+
+    for _ in range(rounds):
+        for label, row in rows.items():
+            c, p = own() if label == "SGLang's own" else plugin(label)
+            row.calc.append(c)
+            row.preempt.append(p)
+    return list(rows.values())
 
 
 def machine() -> str:
@@ -158,23 +187,39 @@ def machine() -> str:
            f"Python {platform.python_version()}, load average {load} (shared machine)"
 
 
-def table(rows) -> str:
-    own = {n: (c, p) for label, n, c, p in rows if label == "SGLang's own"}
-    out = ["| hooks | waiting | calc_priority µs | added | preempt_to_schedule µs | added |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for label, n, c, p in rows:
-        dc, dp = c - own[n][0], p - own[n][1]
-        added = ("", "") if label == "SGLang's own" else (f"{dc:+.1f}", f"{dp:+.1f}")
-        out.append(f"| {label} | {n:,} | {c:.1f} | {added[0]} | {p:.1f} | {added[1]} |")
+def table(rows: list[Row]) -> str:
+    """min / median over the rounds; "added" is the median of the per-round differences
+    with SGLang's own (paired: the same moment's load) and the difference of the minima."""
+    own = {r.n: r for r in rows if r.label == "SGLang's own"}
+    out = ["| hooks | waiting | calc_priority µs min / med | added med (min) | × own "
+           "| preempt_to_schedule µs min / med | added med (min) |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        o = own[r.n]
+        cells = [r.label, f"{r.n:,}", _min_med(r.calc), "", "", _min_med(r.preempt), ""]
+        if r is not o:
+            cells[3], cells[6] = _added(r.calc, o.calc), _added(r.preempt, o.preempt)
+            cells[4] = f"{statistics.median(r.calc) / statistics.median(o.calc):.2f}"
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
-def report(rows) -> str:
+def _min_med(xs: list[float]) -> str:
+    return f"{min(xs):.1f} / {statistics.median(xs):.1f}"
+
+
+def _added(xs: list[float], own: list[float]) -> str:
+    paired = statistics.median(x - o for x, o in zip(xs, own, strict=True))
+    return f"{paired:+.1f} ({min(xs) - min(own):+.1f})"
+
+
+def report(rows: list[Row], rounds: int) -> str:
     import sglang
 
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (f"Measured {stamp} on {machine()}; SGLang {sglang.__version__}, "
-            f"`python benchmarks/policy_overhead.py`.\n\nWorkload: "
+            f"`python benchmarks/policy_overhead.py --rounds {rounds}` ({rounds} rounds, each "
+            f"SGLang's own and every row back to back).\n\nWorkload: "
             f"{__doc__.split('Workload: ', 1)[1].split(chr(10) + chr(10))[0]}\n\n"
             f"{table(rows)}\n")
 
@@ -196,6 +241,7 @@ def write_doc(text: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write the table into {DOC}")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds (default 9)")
     ns = parser.parse_args()
     if os.environ.get("SERVETWIN_IN_HARNESS") != "1":
         return _reexec_in_harness()
@@ -205,7 +251,7 @@ def main() -> int:
     from sglang.test.test_utils import published_topology
 
     with published_topology(device="cpu"):
-        text = report(measure())
+        text = report(measure(ns.rounds), ns.rounds)
     print(text)
     if ns.write:
         write_doc(text)

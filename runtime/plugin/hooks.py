@@ -30,6 +30,7 @@ from pathlib import Path
 
 from runtime.plugin import decisions
 from runtime.plugin.views import (
+    LazyViews,
     WaitingViews,
     preemptible_running,
     req_view,
@@ -108,13 +109,19 @@ def _scheduler_init_hook(original, scheduler, *args, **kwargs):
 def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
                         processed_tokens=0):
     rt = _RUNTIME
-    before = list(waiting_queue) if rt is not None and rt.logs_native else None
-    original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
-    if rt is not None:
-        try:
-            rt.on_order(waiting_queue, running_batch, processed_tokens, before)
-        except Exception as exc:  # on_order catches its own; this is the last guard
-            rt.failed("raised", "order hook", exc)
+    if rt is None or rt.native or len(waiting_queue) < 2:
+        before = list(waiting_queue) if rt is not None and rt.logs_native else None
+        original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
+        if rt is not None:
+            rt.guarded_order(waiting_queue, running_batch, processed_tokens, before)
+        return
+    # the policy's sort replaces SGLang's: SGLang's original runs for its prefix matching
+    # (and prefix touches) only, then the policy orders the queue
+    skipped = rt.run_without_sort(original, policy_obj, waiting_queue, running_batch,
+                                  processed_tokens)
+    if not rt.guarded_order(waiting_queue, running_batch, processed_tokens, None) \
+            and skipped:  # the policy failed: SGLang's own sort for this pass after all
+        original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
 
 
 _ADDER_CLASSES: dict[type, type] = {}
@@ -168,8 +175,9 @@ class PluginRuntime:
         self._log = open(log_path, "a", encoding="utf-8") if log_path else None
         self.logs_native = native and self._log is not None
         self.pass_queue: list | None = None  # this pass's waiting queue (the scheduler's list)
-        self.pass_views: tuple | None = None  # its views, in the queue's order
-        self.pass_running: dict[int, tuple] = {}  # id(req) -> (req, view) of this pass's batch
+        self.pass_views: tuple | None = None  # its views: (views, order applied to them)
+        self.pass_running: LazyViews | None = None  # views of this pass's running batch
+        self._enums = None  # SGLang's policy enums, imported at the first skipped sort
         self.processed_tokens = 0
         self.waiting_views = WaitingViews()
         if self._log is not None:
@@ -213,37 +221,80 @@ class PluginRuntime:
             log.info("servetwin plugin: hooks in place on %s", ", ".join(TARGETS))
 
     # order ------------------------------------------------------------------------------
-    def on_order(self, queue: list, running_batch, processed_tokens: int, before) -> None:
-        self.pass_queue, self.pass_views, self.pass_running = queue, None, {}
+    def run_without_sort(self, original, policy_obj, queue, running_batch,
+                         processed_tokens) -> bool:
+        """SGLang's `calc_priority` with its sort switched off (as if it ran fcfs without
+        priority scheduling): its prefix matching, when a cache that matches fast asks
+        for it, and its prefix touches still run. Only for a cache-agnostic active policy:
+        a cache-aware one's matching is entwined with its sort (in-batch deferral), so it
+        runs whole. Returns whether the sort was skipped."""
+        try:
+            fcfs = self._fcfs_unless_cache_aware(policy_obj, queue)
+        except Exception as exc:
+            self.failed("raised", "sort skip", exc)
+            fcfs = None
+        if fcfs is None:
+            original(policy_obj, queue, running_batch, processed_tokens=processed_tokens)
+            return False
+        saved = policy_obj.policy, policy_obj.enable_priority_scheduling
+        policy_obj.policy, policy_obj.enable_priority_scheduling = fcfs, False
+        try:
+            original(policy_obj, queue, running_batch, processed_tokens=processed_tokens)
+        finally:
+            policy_obj.policy, policy_obj.enable_priority_scheduling = saved
+        return True
+
+    def _fcfs_unless_cache_aware(self, policy_obj, queue):
+        if self._enums is None:
+            from sglang.srt.managers import schedule_policy as sp
+
+            self._enums = (sp.CacheAwarePolicy, sp.CacheAgnosticPolicy.FCFS)
+        cache_aware, fcfs = self._enums
+        active = policy_obj._determine_active_policy(queue)
+        return None if isinstance(active, cache_aware) else fcfs
+
+    def guarded_order(self, queue: list, running_batch, processed_tokens: int,
+                      before) -> bool:
+        """`on_order`, and the last guard around it; whether the policy's order applied."""
+        try:
+            return self.on_order(queue, running_batch, processed_tokens, before)
+        except Exception as exc:  # on_order catches its own
+            self.failed("raised", "order hook", exc)
+            return False
+
+    def on_order(self, queue: list, running_batch, processed_tokens: int, before) -> bool:
+        self.pass_queue, self.pass_views, self.pass_running = queue, None, None
         self.processed_tokens = processed_tokens
         if self.native:
             if before is not None:
                 self._log_native_order(queue, running_batch, before)
-            return
+            return False
+        if len(queue) < 2:  # no choice to make; the twin does not ask either
+            return False
         t0 = time.perf_counter()
         snap = plan = None
         try:
             snap = self.order_snapshot(queue, running_batch)
             plan = self.policy.decide(snap)
-            why = validate_plan(snap, plan)
+            why = None if _is_permutation(plan, len(queue)) else validate_plan(snap, plan)
         except Exception as exc:
             self.failed("raised", "order", exc, snap, None, t0)
-            return
+            return False
         if why:
             self.failed("invalid", "order", why, snap, plan, t0)
-            return
-        us = self._timed(t0, "order")
-        queue[:] = [queue[i] for i in plan.order]
-        self.pass_views = tuple(snap.waiting[i] for i in plan.order)
-        self.decided(snap, plan, "applied", us)
+            return False
+        queue[:] = map(queue.__getitem__, plan.order)
+        self.pass_views = (snap.waiting, plan.order)  # permuted if a preempt question asks
+        self.decided(snap, plan, "applied", self._timed(t0, "order"))
+        return True
 
     def order_snapshot(self, queue: list, running_batch) -> Snapshot:
         ratio = self._ratio()
-        running = running_batch.reqs if running_batch is not None else ()
-        run_views = views(running, True, ratio)
-        # nothing a running view reads changes before this pass's preempt questions
-        self.pass_running = {id(r): (r, v) for r, v in zip(running, run_views, strict=True)}
-        return self._snapshot(self.waiting_views.of(queue, ratio), run_views, ratio)
+        # built when first read; nothing a running view reads changes before this pass's
+        # preempt questions, which reuse them
+        self.pass_running = LazyViews(running_batch.reqs if running_batch is not None
+                                      else (), True, ratio)
+        return self._snapshot(self.waiting_views.of(queue, ratio), self.pass_running, ratio)
 
     def _log_native_order(self, queue: list, running_batch, before: list) -> None:
         t0 = time.perf_counter()
@@ -251,7 +302,7 @@ class PluginRuntime:
             pos = {id(r): i for i, r in enumerate(before)}
             order = tuple(pos[id(r)] for r in queue)
             snap = self.order_snapshot(before, running_batch)
-            self.pass_views = tuple(snap.waiting[i] for i in order)
+            self.pass_views = (snap.waiting, order)
         except Exception as exc:
             self.failed("raised", "native order log", exc)
             return
@@ -293,19 +344,29 @@ class PluginRuntime:
         if idx is None:  # not in this pass's queue (should not happen): a queue of one
             waiting, idx = (fresh,), 0
         else:
-            known = self.pass_views
-            if known is None or len(known) != len(queue):
-                known = views(queue, False, ratio)
+            known = self._queue_views(queue, ratio)
             waiting = known[:idx] + (fresh,) + known[idx + 1:]
         return self._snapshot(waiting, self._running_views(valid, ratio), ratio,
                               candidate=idx, tokens_needed=tokens_needed(adder, req))
 
+    def _queue_views(self, queue: list, ratio: float) -> tuple:
+        """The views of this pass's queue in its current order (the order question's,
+        permuted as its answer was applied)."""
+        if self.pass_views is not None:
+            known, order = self.pass_views
+            if order is not None and len(known) == len(queue):
+                self.pass_views = (tuple(map(known.__getitem__, order)), None)
+            known = self.pass_views[0]
+            if len(known) == len(queue):
+                return known
+        return views(queue, False, ratio)
+
     def _running_views(self, valid: list, ratio: float) -> tuple:
-        known, out = self.pass_running, []
+        known = self.pass_running
+        out = []
         for r in valid:
-            hit = known.get(id(r))
-            out.append(hit[1] if hit is not None and hit[0] is r
-                       else req_view(r, True, ratio))
+            v = known.view_of(r) if known is not None else None
+            out.append(v if v is not None else req_view(r, True, ratio))
         return tuple(out)
 
     def _native_preempt(self, adder, req, own) -> bool:
@@ -419,6 +480,20 @@ def commit_preemption(adder, victims: list) -> None:
             keep.append(i)
     batch.filter_batch(keep_indices=keep)
     adder.preempt_list.extend(victims)
+
+
+def _is_permutation(plan, n: int) -> bool:
+    """The common case of `validate_plan` for an order question, in C-level passes: a
+    tuple of `n` ints (not bools) from 0 to n - 1 without repeats. False sends the answer
+    to `validate_plan`, which has the last word (and the message)."""
+    if not isinstance(plan, Plan):
+        return False
+    order = plan.order
+    return (type(order) is tuple and len(order) == n > 0 and set(map(type, order)) == _INT
+            and min(order) == 0 and max(order) == n - 1 and len(set(order)) == n)
+
+
+_INT = {int}
 
 
 def _int_of(get) -> int:
