@@ -5,7 +5,9 @@ Three servers, one per module fixture (a start is 20-35 s on the 2-core machine)
   in turn) with priority scheduling, so preemption questions arise;
 - `lof_server`: `lof` through the plugin on an fcfs server (not native: the plugin sorts);
 - `native_server`: `priority` on an fcfs server with priority scheduling (native: SGLang
-  sorts and preempts, the plugin only logs), the fcfs baseline for the same workload.
+  sorts and preempts, the plugin only logs), the fcfs baseline for the same workload;
+- `kv_server`: `slices` (moderate) with room for 8 requests but KV for about two
+  (`--max-total-tokens 300`), so a VIP request finds no KV room and preempts for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ PRIORITY_FLAGS = [*FLAGS, "--enable-priority-scheduling", "--default-priority-va
 BURST = [(24, 0), (48, 0), (8, 0), (40, 0), (16, 0), (32, 0)]
 # two low-priority requests hold the slots; the high-priority ones must preempt them
 PREEMPT = [(60, 0), (60, 0), (10, 50), (10, 50)]
+KV_FLAGS = ["--schedule-policy", "fcfs", "--max-running-requests", "8",
+            "--max-total-tokens", "300", "--enable-priority-scheduling",
+            "--default-priority-value", "0"]
+# two low-priority requests (40 + 80 tokens each) take most of the 300 KV tokens; the
+# VIP one (40 + 40) sent 0.6 s later finds no KV room while request slots are free
+KV_PLAN = [(80, 0), (80, 0), (40, 50)]
 
 
 class PluginServer:
@@ -76,6 +84,13 @@ def lof_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def native_server(tmp_path_factory):
     server, log = _start(tmp_path_factory, "priority", PRIORITY_FLAGS)
+    with server:
+        yield PluginServer(server, log)
+
+
+@pytest.fixture(scope="module")
+def kv_server(tmp_path_factory):
+    server, log = _start(tmp_path_factory, "slices", KV_FLAGS)
     with server:
         yield PluginServer(server, log)
 
@@ -145,3 +160,29 @@ def test_the_live_decision_log_replays_identically_in_the_twin(lof_server, nativ
         assert result.share == 1.0, result.disagreements
     questions = [d["question"] for d in read_lines(native_server.log) if d["kind"] == "decision"]
     assert "preempt" in questions  # SGLang's own priority preemption, reproduced by the twin
+
+
+def test_slices_preempts_for_kv_room_and_the_log_replays(kv_server):
+    from runtime.cpu.serve import post_json
+
+    def one(i: int) -> dict:
+        time.sleep(0.6 if i == 2 else 0.03 * i)
+        out, prio = KV_PLAN[i]
+        body = {"input_ids": [3 + (7 * i + k) % 4000 for k in range(40)],
+                "rid": f"kv-{i}", "priority": prio,
+                "sampling_params": {"max_new_tokens": out, "ignore_eos": True}}
+        return post_json(kv_server.url + "/generate", body, timeout=180)["meta_info"]
+
+    with ThreadPoolExecutor(len(KV_PLAN)) as pool:
+        metas = list(pool.map(one, range(len(KV_PLAN))))
+    assert [m["finish_reason"]["type"] for m in metas] == ["length"] * len(metas)
+    assert [m["completion_tokens"] for m in metas] == [o for o, _ in KV_PLAN]
+    counters = kv_server.counters()
+    assert counters["kv_preemptions"] >= 1
+    assert counters["raised"] == counters["invalid"] == 0
+    assert sum(m["num_retractions"] for m in metas[:2]) >= 1  # a low one was the victim
+    lines = list(read_lines(kv_server.log))
+    kv = [d for d in lines if d.get("cause") == "kv"]
+    assert kv and any(d["plan"]["victims"] for d in kv)
+    result = replay(lines, policy_from_header(lines[0]))
+    assert result.share == 1.0, result.disagreements

@@ -6,7 +6,8 @@ Line kinds (each a JSON object with `"kind"`):
   the policy ran natively (SGLang's own sort, only logged), the clock and the budget;
 - `decision`: `snapshot` (every `Snapshot` and `RequestView` field), `plan` (`order`,
   `victims`; null when the policy raised), `outcome` (`applied`, `native`, `raised`,
-  `invalid`) and `slow` / `us` (the decision's duration);
+  `invalid`), `slow` / `us` (the decision's duration) and, for a preempt question asked
+  because a request found no KV room, `"cause": "kv"`;
 - `counters`: the plugin's counters at that moment (written on every fallback).
 """
 
@@ -74,10 +75,15 @@ def header_line(spec: dict, policy_args: dict, server: dict, native: bool,
 
 
 def decision_line(snap: Snapshot, plan: Plan | None, outcome: str, us: float,
-                  slow: bool) -> str:
-    return json.dumps({"kind": "decision", "question": snap.question,
-                       "snapshot": snapshot_to_json(snap), "plan": plan_to_json(plan),
-                       "outcome": outcome, "us": round(us, 1), "slow": slow})
+                  slow: bool, cause: str | None = None) -> str:
+    """`cause`: why a preempt question was asked, "kv" when a request found no KV room
+    (the users' design), absent for SGLang's own question (no request slot left)."""
+    line = {"kind": "decision", "question": snap.question,
+            "snapshot": snapshot_to_json(snap), "plan": plan_to_json(plan),
+            "outcome": outcome, "us": round(us, 1), "slow": slow}
+    if cause is not None:
+        line["cause"] = cause
+    return json.dumps(line)
 
 
 def read_lines(path: Path | str) -> Iterator[dict[str, Any]]:

@@ -53,9 +53,10 @@ T_ADDER = "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class"
 TARGETS = (T_INIT, T_ORDER, T_ADDER)
 
 #: fallbacks by kind ("raised", "invalid"), decisions slower than the budget ("slow",
-#: applied nonetheless), and every decision by outcome
+#: applied nonetheless), every decision by outcome, and the preemptions committed for KV
+#: room (the users' design; SGLang preempts only for request slots)
 COUNTERS: dict[str, int] = {"raised": 0, "invalid": 0, "slow": 0, "decisions": 0,
-                            "applied": 0, "native": 0}
+                            "applied": 0, "native": 0, "kv_preemptions": 0}
 _RUNTIME: PluginRuntime | None = None
 _SPEC = None  # the PolicySpec `install` was given
 
@@ -141,8 +142,26 @@ def _adder_class_hook(original, scheduler):
 
 
 def _make_adder_class(base: type) -> type:
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    no_token = AddReqResult.NO_TOKEN
+
     class ServetwinPrefillAdder(base):
-        """SGLang's PrefillAdder; `preempt_to_schedule` asks the servetwin policy."""
+        """SGLang's PrefillAdder; `preempt_to_schedule` asks the servetwin policy, and so
+        does `add_one_req` when a request finds no KV room and the policy
+        `preempts_for_kv` (then it retries the request once)."""
+
+        def add_one_req(self, req, *args, **kwargs):
+            res = super().add_one_req(req, *args, **kwargs)
+            rt = _RUNTIME
+            if res != no_token or rt is None or not rt.kv_preempts:
+                return res
+            try:
+                freed = rt.on_kv_shortfall(self, req)
+            except Exception as exc:  # on_kv_shortfall catches its own; the last guard
+                rt.failed("raised", "kv preempt hook", exc)
+                return res
+            return super().add_one_req(req, *args, **kwargs) if freed else res
 
         def preempt_to_schedule(self, req) -> bool:
             own = super().preempt_to_schedule
@@ -174,6 +193,8 @@ class PluginRuntime:
         self.log_path = log_path
         self._log = open(log_path, "a", encoding="utf-8") if log_path else None
         self.logs_native = native and self._log is not None
+        #: the users' design: preempt for KV room too, not only for request slots
+        self.kv_preempts = not native and bool(getattr(policy, "preempts_for_kv", False))
         self.pass_queue: list | None = None  # this pass's waiting queue (the scheduler's list)
         self.pass_views: tuple | None = None  # its views: (views, order applied to them)
         self.pass_running: LazyViews | None = None  # views of this pass's running batch
@@ -336,6 +357,42 @@ class PluginRuntime:
             return False
         return True
 
+    def on_kv_shortfall(self, adder, req) -> bool:
+        """`add_one_req` answered NO_TOKEN: unless the request was added all the same
+        (the verdict is then about the next one), ask the policy a preempt question with
+        SGLang's own `min_tokens_to_remove` and commit its victims as
+        `preempt_to_schedule` does. Whether victims were released (the caller then
+        retries the request once); every failure means "no preemption", SGLang's own
+        behaviour, and the candidate waits."""
+        if adder.can_run_list and adder.can_run_list[-1] is req:
+            return False
+        valid = preemptible_running(adder)
+        if not valid:
+            return False
+        t0 = time.perf_counter()
+        snap = plan = None
+        try:
+            snap = self.preempt_snapshot(adder, req, valid)
+            plan = self.policy.decide(snap)
+            why = validate_plan(snap, plan)
+        except Exception as exc:
+            self.failed("raised", "kv preempt", exc, snap, None, t0, cause="kv")
+            return False
+        if why:
+            self.failed("invalid", "kv preempt", why, snap, plan, t0, cause="kv")
+            return False
+        self.decided(snap, plan, "applied", self._timed(t0, "preempt"), cause="kv")
+        if not plan.victims:
+            return False
+        try:
+            commit_preemption(adder, [valid[i] for i in plan.victims])
+        except Exception as exc:  # SGLang's own release steps failed half-way
+            self.failed("raised", "kv preempt commit", exc)
+            return False
+        self.counters["kv_preemptions"] += 1
+        self._write_counters()
+        return True
+
     def preempt_snapshot(self, adder, req, valid: list) -> Snapshot:
         ratio = adder.new_token_ratio
         queue = self.pass_queue or []
@@ -413,16 +470,17 @@ class PluginRuntime:
             self._write_counters()
         return elapsed * 1e6
 
-    def decided(self, snap: Snapshot, plan: Plan, outcome: str, us: float) -> None:
+    def decided(self, snap: Snapshot, plan: Plan, outcome: str, us: float,
+                cause: str | None = None) -> None:
         self.counters["decisions"] += 1
         self.counters[outcome] += 1
         if self._log is not None:
             self._write(decisions.decision_line(snap, plan, outcome, us,
-                                                us > self.budget_s * 1e6))
+                                                us > self.budget_s * 1e6, cause))
             self._write_counters()
 
     def failed(self, kind: str, where: str, why, snap: Snapshot | None = None,
-               plan=None, t0: float | None = None) -> None:
+               plan=None, t0: float | None = None, cause: str | None = None) -> None:
         """Count and log (once per kind and place) a fallback to SGLang's own behaviour."""
         try:
             self.counters[kind] += 1
@@ -434,7 +492,7 @@ class PluginRuntime:
                 us = (time.perf_counter() - t0) * 1e6 if t0 else 0.0
                 plan = plan if isinstance(plan, Plan) and _jsonable(plan) else None
                 self.counters["decisions"] += 1
-                self._write(decisions.decision_line(snap, plan, kind, us, False))
+                self._write(decisions.decision_line(snap, plan, kind, us, False, cause))
             self._write_counters()
         except Exception:  # never let the bookkeeping of a failure fail the scheduler
             pass
