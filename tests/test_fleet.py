@@ -41,6 +41,12 @@ def vllm_cap(blocks: int | None = None, batched: int = 64):
 def build(requests, router="round_robin", engines=("sglang", "sglang"), faults=(),
           seed=0, concurrency=None, horizon=None, vllm_blocks=None, **failover):
     env = simpy.Environment()
+    pools = ["default"] * len(engines)
+    if router == "length":  # two pools by prompt length, alternating over the replicas
+        pools = ["short" if i % 2 == 0 else "long" for i in range(len(engines))]
+        router = make_router("length", {"thresholds": [200], "pools": ["short", "long"],
+                                        "inner": {p: make_router("least_load")
+                                                  for p in ("short", "long")}})
     r = make_router(router, seed=seed) if isinstance(router, str) else router
     dep = Deployment(env, Source(Workload("t", tuple(requests), concurrency)), r, horizon,
                      failover=Failover(**failover), faults=faults, seed=seed)
@@ -56,7 +62,7 @@ def build(requests, router="round_robin", engines=("sglang", "sglang"), faults=(
                             gpu=GPU, sample_every_s=1e9, debug_checks=True, horizon_s=horizon,
                             step_time_backend="roofline")
             rep, _ = make_replica(env, cfg, scaled)
-        dep.add(rep, "default", f"r{i}", kind=engine, scaled=scaled)
+        dep.add(rep, pools[i], f"r{i}", kind=engine, scaled=scaled)
     dep.send_log = []
     return dep
 
@@ -239,8 +245,9 @@ def deployments(draw):
                             repair_s=draw(st.floats(0.5, 20.0)),
                             duration_s=draw(st.floats(0.5, 20.0)),
                             factor=draw(st.floats(0.5, 4.0))))
-    router = draw(st.sampled_from(["round_robin", "random", "power_of_two", "least_load",
-                                   "cache_aware", "prefix_hash"]))
+    routers = ["round_robin", "random", "power_of_two", "least_load", "cache_aware",
+               "prefix_hash"] + (["length"] if n >= 2 else [])
+    router = draw(st.sampled_from(routers))
     opts = dict(disable_retries=draw(st.booleans()), streaming=draw(st.booleans()),
                 cb_failure_threshold=draw(st.integers(1, 10)), **FAST_HEALTH)
     horizon = draw(st.sampled_from([None, 15.0]))

@@ -59,6 +59,29 @@ class ScaledStepTime:
         return self.inner.describe() + (f" x{self.factor:g}" if self.factor != 1 else "")
 
 
+class PoolFeed:
+    """A replica's feed in a fleet whose router assigns pools by a static rule: the
+    deployment's, with the next arrival that may reach the replica's pool."""
+
+    def __init__(self, dep: Deployment, pool: str) -> None:
+        self.dep, self.pool = dep, pool
+
+    def pump(self, now: float) -> None:
+        self.dep.pump(now)
+
+    def next_arrival(self) -> float | None:
+        return self.dep.next_arrival_for(self.pool)
+
+    def done(self) -> bool:
+        return self.dep.done()
+
+    def left(self, replica, req: SimRequest) -> None:
+        self.dep.left(replica, req)
+
+    def unsent(self) -> list[tuple[float, Request]]:
+        return self.dep.unsent()
+
+
 @dataclass
 class Worker:
     """The deployment's handle on one replica, with the router's view of it."""
@@ -113,7 +136,10 @@ class Deployment:
         self.done_tickets: list[Ticket] = []
         self._open = 0
         self._seq = 0
-        self._retry_at: list[float] = []
+        self._retry_at: list[tuple[float, str | None]] = []  # (time, pool)
+        self._pool_of = getattr(router, "pool_of", None)  # a length router's static pools
+        self._pool_times: dict[str, list[float]] | None = None
+        self._pool_next: dict[str, int] = {}
         self.stats = {"retries": 0, "refused": 0, "no_worker": 0, "lost_in_flight": 0}
         self.send_log: list[tuple[float, str, str, int]] | None = None  # (t, rid, worker, try)
 
@@ -131,6 +157,9 @@ class Deployment:
     # ---- the Feed protocol (twin/replica.py) -----------------------------------------
     def pump(self, now: float) -> None:
         for sent, req in self.source.pop_ready(now):
+            if self._pool_times is not None:
+                pool = self._pool_of(req)
+                self._pool_next[pool] = self._pool_next.get(pool, 0) + 1
             t = Ticket(self._seq, req, sent)
             self._seq += 1
             self._open += 1
@@ -140,9 +169,23 @@ class Deployment:
     def next_arrival(self) -> float | None:
         nxt = self.source.next_time()
         if self._retry_at:
-            soon = min(self._retry_at)
+            soon = min(t for t, _ in self._retry_at)
             return soon if nxt is None else min(nxt, soon)
         return nxt
+
+    def next_arrival_for(self, pool: str) -> float | None:
+        """The next hand-off that may reach `pool` (pools by a static rule, the length
+        router): a replica need not end its decode run at another pool's arrivals."""
+        if self._pool_times is not None:
+            times, i = self._pool_times.get(pool, []), self._pool_next.get(pool, 0)
+            nxt = times[i] if i < len(times) else None
+        else:
+            nxt = min((t for t, _, r in self.source.scheduled() if self._pool_of(r) == pool),
+                      default=None)
+        soon = min((t for t, p in self._retry_at if p == pool), default=None)
+        if soon is None or nxt is None:
+            return nxt if soon is None else soon
+        return min(nxt, soon)
 
     def done(self) -> bool:
         return self.source.exhausted and self._open == 0
@@ -222,8 +265,9 @@ class Deployment:
         if t.attempts < self.failover.max_attempts and not self._past_horizon():
             self.stats["retries"] += 1
             delay = self.failover.backoff_s(t.attempts, self.rng)
-            self._retry_at.append(self.env.now + delay)
-            self.env.process(self._retry(t, self.env.now + delay))
+            at = self.env.now + delay
+            self._retry_at.append((at, self._pool_of(t.req) if self._pool_of else None))
+            self.env.process(self._retry(t, at))
             return
         r = SimRequest(t.req, t.sent, -1)
         r.status, r.error, r.finish_s = "failed", f"{why}; {t.attempts} attempt(s)", self.env.now
@@ -231,7 +275,7 @@ class Deployment:
 
     def _retry(self, t: Ticket, at: float) -> Iterator[simpy.Event]:
         yield self.env.timeout(max(at - self.env.now, 0.0))
-        self._retry_at.remove(at)
+        self._retry_at.remove(next(x for x in self._retry_at if x[0] == at))
         if self._past_horizon():
             r = SimRequest(t.req, t.sent, -1)
             r.status, r.finish_s = "aborted", self.env.now
@@ -294,6 +338,8 @@ class Deployment:
         self.env.process(self.run())
         if not run_replicas:
             return
+        if self._pool_of is not None:
+            self._feed_by_pool()
         for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
             self.env.process(self._fault(f, self._worker(f.replica)))  # first: a fault at t
         for w in self.workers:  # applies to steps that start at t
@@ -302,6 +348,14 @@ class Deployment:
                 self.env.process(self._health(w))
         if self.poll_interval_s:
             self.env.process(self._poll())
+
+    def _feed_by_pool(self) -> None:
+        if self.source.open_loop:  # every arrival is known: per-pool times, in send order
+            self._pool_times = {}
+            for t, _, req in sorted(self.source.scheduled(), key=lambda x: (x[0], x[1])):
+                self._pool_times.setdefault(self._pool_of(req), []).append(t)
+        for w in self.workers:
+            w.replica.feed = PoolFeed(self, w.pool)
 
     def _worker(self, name: str) -> Worker:
         for w in self.workers:

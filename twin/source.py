@@ -38,6 +38,15 @@ class Source:
         request finishes (closed loop) or ever (open loop, exhausted)."""
         return self._ready[0][0] if self._ready else None
 
+    def scheduled(self) -> list[tuple[float, int, Request]]:
+        """The requests released and not yet sent, (send time, seq, request), unordered
+        (read-only: a fleet looks for the next one bound for a pool)."""
+        return self._ready
+
+    @property
+    def open_loop(self) -> bool:
+        return self._limit is None
+
     def pop_ready(self, now: float) -> list[tuple[float, Request]]:
         out = []
         while self._ready and self._ready[0][0] <= now:
