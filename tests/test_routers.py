@@ -157,3 +157,20 @@ def test_length_router_inner_round_robin_per_pool_and_503_for_an_empty_pool():
     assert [r["pool"] for r in res.records] == ["short", "long", "short", "short"]
     views = [WorkerView(0, "w0", "short", False, 0), WorkerView(1, "w1", "long", True, 0)]
     assert router.pick(Request.make("s", 0, [(1, 10)], 1), views, 0.0) is None
+
+
+def test_least_load_on_polled_load_acts_on_the_last_poll_not_the_present():
+    # polls at 0, 10, 20: at 0 nothing has reached a queue yet, so B and C (t=1, 2) see
+    # (0, 0) and follow A to r0 (the in-flight count would have sent B to r1); D at 11
+    # sees the poll at 10 (r0 holds three) and goes to r1
+    env = simpy.Environment()
+    reqs = [req("A", 0.0, 100, 20), req("B", 1.0, 100, 20), req("C", 2.0, 100, 20),
+            req("D", 11.0, 100, 2)]
+    router = make_router("least_load", {"load": "polled", "poll_interval_s": 10.0})
+    dep = Deployment(env, Source(Workload("t", tuple(reqs))), router, poll_interval_s=10.0)
+    for i in range(2):
+        cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=100_000), gpu=GPU,
+                        sample_every_s=1e9, step_time_backend="roofline")
+        dep.add(make_replica(env, cfg, ST)[0], "default", f"r{i}")
+    res = run_deployment(dep)
+    assert [r["replica"] for r in res.records] == ["r0", "r0", "r0", "r1"]
