@@ -103,15 +103,25 @@ def vllm_completion_body(body: dict, model: str) -> dict:
     return out
 
 
-def sglang_chunk(vllm_chunk: dict, rid: str | None, pool: Pool) -> dict | None:
-    """One vLLM streamed completion chunk as an SGLang /generate chunk (None: nothing to say)."""
+def sglang_chunk(vllm_chunk: dict, rid: str | None, pool: Pool,
+                 previous: dict | None = None) -> dict | None:
+    """One vLLM streamed completion chunk as an SGLang /generate chunk (None: nothing to say).
+    vLLM reports `prompt_tokens_details.cached_tokens` only in the closing usage-only chunk
+    (no choices): that one repeats the `previous` chunk's meta_info (its finish reason
+    included) with the cached tokens filled in."""
     usage = vllm_chunk.get("usage") or {}
     choices = vllm_chunk.get("choices") or []
-    if not usage or not choices:  # the closing usage-only chunk repeats the last counts
+    if not usage:
         return None
     details = usage.get("prompt_tokens_details") or {}
-    finish = choices[0].get("finish_reason") if choices else None
-    return {"text": choices[0].get("text", "") if choices else "",
+    if not choices:
+        if previous is None:
+            return None
+        meta = dict(previous["meta_info"])
+        meta["cached_tokens"] = details.get("cached_tokens") or meta.get("cached_tokens", 0)
+        return {"text": "", "meta_info": meta}
+    finish = choices[0].get("finish_reason")
+    return {"text": choices[0].get("text", ""),
             "meta_info": {"id": rid, "prompt_tokens": usage.get("prompt_tokens"),
                           "completion_tokens": usage.get("completion_tokens", 0),
                           "cached_tokens": details.get("cached_tokens") or 0,
@@ -235,8 +245,9 @@ class LengthRouter:
                     return web.Response(status=upstream.status, text=await upstream.text())
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                 await resp.prepare(request)
+                last: dict | None = None
                 async for line in upstream.content:
-                    out = _translate_line(line, body.get("rid"), pool)
+                    out, last = _translate_line(line, body.get("rid"), pool, last)
                     if out:
                         await resp.write(out)
                 await resp.write_eof()
@@ -245,14 +256,18 @@ class LengthRouter:
             return web.Response(status=502, text=f"pool {pool.name}: {exc}")
 
 
-def _translate_line(line: bytes, rid: str | None, pool: Pool) -> bytes | None:
+def _translate_line(line: bytes, rid: str | None, pool: Pool,
+                    last: dict | None) -> tuple[bytes | None, dict | None]:
+    """One SSE line of vLLM's stream as SGLang's, and the last chunk sent so far."""
     if not line.startswith(b"data:"):
-        return None
+        return None, last
     payload = line[5:].strip()
     if payload == b"[DONE]":
-        return b"data: [DONE]\n\n"
-    chunk = sglang_chunk(json.loads(payload), rid, pool)
-    return None if chunk is None else b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        return b"data: [DONE]\n\n", last
+    chunk = sglang_chunk(json.loads(payload), rid, pool, last)
+    if chunk is None:
+        return None, last
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n", chunk
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,26 +71,31 @@ def test_sglang_generate_becomes_a_vllm_completion_and_back():
     assert (out["max_tokens"], out["temperature"], out["ignore_eos"]) == (4, 0.0, True)
     assert out["stream"] and out["stream_options"]["continuous_usage_stats"]
     pool = Pool("medium", "http://x", "vllm", None)
-    usage = {"prompt_tokens": 3, "completion_tokens": 2,
-             "prompt_tokens_details": {"cached_tokens": 2}}
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
     chunk = sglang_chunk({"choices": [{"text": "ab", "finish_reason": None}],
                           "usage": usage}, "r7", pool)
     meta = chunk["meta_info"]
-    assert (meta["completion_tokens"], meta["cached_tokens"], meta["prompt_tokens"]) == (2, 2, 3)
+    assert (meta["completion_tokens"], meta["cached_tokens"], meta["prompt_tokens"]) == (2, 0, 3)
     assert meta["weight_version"] == "replica-medium" and meta["finish_reason"] is None
     last = sglang_chunk({"choices": [{"text": "c", "finish_reason": "length"}],
                          "usage": usage | {"completion_tokens": 4}}, "r7", pool)
     assert last["meta_info"]["finish_reason"] == {"type": "length"}
-    # the closing usage-only chunk must not overwrite the finish reason
+    # the closing usage-only chunk brings vLLM's cached tokens and keeps the finish reason
+    closing = sglang_chunk({"choices": [], "usage": usage | {
+        "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 128}}},
+        "r7", pool, previous=last)
+    assert closing["meta_info"]["finish_reason"] == {"type": "length"}
+    assert closing["meta_info"]["cached_tokens"] == 128
     assert sglang_chunk({"choices": [], "usage": usage}, "r7", pool) is None
     # what the replayer makes of the translated stream
     log = StreamLog(Request.make("r7", 0.0, [(1, 3)], 4), 0.0, 0.0)
     for t, k in ((0.1, 1), (0.2, 2), (0.3, 3)):
         log.on_chunk(t, {**meta, "completion_tokens": k})
     log.on_chunk(0.4, last["meta_info"])
+    log.on_chunk(0.5, closing["meta_info"])
     rec = log.record()
     assert rec["status"] == "ok" and rec["replica"] == "replica-medium"
-    assert rec["cached_tokens"] == 2
+    assert rec["cached_tokens"] == 128 and rec["output_tokens"] == 4
 
 
 SGLANG_BEFORE = """# TYPE sglang:num_requests_total counter
