@@ -300,3 +300,21 @@ def test_cli_simulates_a_deployment_file_with_a_fault_and_writes_tagged_records(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["replicas"]["r0"]["crashes"] == [[3.0, 8.0]]
     assert (out / "timeseries.csv").read_text().startswith("replica,t_s,")
+
+
+def test_length_router_fails_short_requests_over_to_the_vllm_pool_once_sglang_is_down():
+    pools = ["short", "long"]
+    router = make_router("length", {"thresholds": [200], "pools": pools,
+                                    "inner": {p: make_router("round_robin") for p in pools},
+                                    "fallback": {"short": ["long"]}})
+    dep = build(stream(n=20), router, engines=("sglang", "vllm"),
+                faults=[Fault("crash", "r0", 2.25, repair_s=100.0)], streaming=False,
+                **FAST_HEALTH)
+    dep.workers[1].pool = "long"  # r0 serves short prompts, r1 (vLLM) long ones
+    dep.workers[0].pool = "short"
+    res = run_deployment(dep)
+    recs = by_rid(res)
+    assert all(r["status"] == "ok" for r in recs.values())
+    # unhealthy at 4.0 (checks at 3 and 4): later short requests go to the vLLM pool
+    assert all(recs[f"q{i:02d}"]["replica"] == "r1" for i in range(9, 20))
+    assert res.summary["router_fallbacks"] >= 11

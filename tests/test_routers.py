@@ -174,3 +174,18 @@ def test_least_load_on_polled_load_acts_on_the_last_poll_not_the_present():
         dep.add(make_replica(env, cfg, ST)[0], "default", f"r{i}")
     res = run_deployment(dep)
     assert [r["replica"] for r in res.records] == ["r0", "r0", "r0", "r1"]
+
+
+def test_length_router_falls_back_to_another_pool_when_its_own_has_no_healthy_worker():
+    pools = ["sglang", "vllm"]
+    router = make_router("length", {"thresholds": [1000], "pools": pools,
+                                    "inner": {p: make_router("round_robin") for p in pools},
+                                    "fallback": {"sglang": ["vllm"]}})
+    views = [WorkerView(0, "s0", "sglang", False, 0), WorkerView(1, "v0", "vllm", True, 0)]
+    short, long_ = Request.make("s", 0, [(1, 10)], 1), Request.make("l", 0, [(2, 5000)], 1)
+    assert router.pick(short, views, 0.0) == 1 and router.fallbacks == 1
+    views[1] = WorkerView(1, "v0", "vllm", False, 0)
+    assert router.pick(long_, views, 0.0) is None  # no fallback given for vllm
+    with pytest.raises(ConfigError, match="fallback names pool 'tpu'"):
+        make_router("length", {"pools": pools, "thresholds": [1], "inner": {},
+                               "fallback": {"sglang": ["tpu"]}})

@@ -137,7 +137,9 @@ class Deployment:
         self._open = 0
         self._seq = 0
         self._retry_at: list[tuple[float, str | None]] = []  # (time, pool)
-        self._pool_of = getattr(router, "pool_of", None)  # a length router's static pools
+        # a length router's static pools (not with fallbacks: then a pool may get others')
+        self._pool_of = None if getattr(router, "fallback", None) else getattr(
+            router, "pool_of", None)
         self._pool_times: dict[str, list[float]] | None = None
         self._pool_next: dict[str, int] = {}
         self.stats = {"retries": 0, "refused": 0, "no_worker": 0, "lost_in_flight": 0}
@@ -491,6 +493,8 @@ class Deployment:
         decisions = getattr(self.router, "decisions", None)
         if decisions is not None:
             s["router_decisions"] = dict(decisions)
+        if getattr(self.router, "fallback", None):
+            s["router_fallbacks"] = self.router.fallbacks
         for pool, inner in getattr(self.router, "inner", {}).items():  # the length router
             if getattr(inner, "decisions", None) is not None:
                 s["pools"][pool]["router_decisions"] = dict(inner.decisions)

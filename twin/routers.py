@@ -379,26 +379,41 @@ class LengthRouter(_Base):
     """The users' router: by prompt length into pools (`thresholds` ascending, one fewer
     than the pools: a prompt of p tokens goes to the first pool i with p <= thresholds[i],
     else the last), each pool with its own inner router. The default thresholds are the
-    users' 32,000 and 64,000 tokens."""
+    users' 32,000 and 64,000 tokens. `fallback` ({pool: [pools...]}, the users' planned
+    SGLang <-> vLLM failover) tries other pools in order when a pool has no healthy
+    worker; the request goes only where it fits that pool's limits, which the spec's
+    author vouches for (a vLLM pool refuses what exceeds its max_model_len)."""
 
     name = "length"
 
     def __init__(self, seed: int = 0, thresholds: Sequence[int] = (32000, 64000),
-                 pools: Sequence[str] = (), inner: dict[str, Router] | None = None) -> None:
+                 pools: Sequence[str] = (), inner: dict[str, Router] | None = None,
+                 fallback: dict[str, Sequence[str]] | None = None) -> None:
         self.thresholds = list(thresholds)
         if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
             raise ConfigError(f"router length: thresholds {self.thresholds} must ascend")
         self.pools = list(pools)
         self.inner = dict(inner or {})
+        self.fallback = {k: list(v) for k, v in (fallback or {}).items()}
+        for k, v in self.fallback.items():
+            bad = [p for p in [k, *v] if p not in self.pools]
+            if bad:
+                raise ConfigError(f"router length: fallback names pool {bad[0]!r}; pools: "
+                                  f"{', '.join(self.pools)}")
+        self.fallbacks = 0
 
     def pool_of(self, req: Request) -> str:
         i = bisect.bisect_left(self.thresholds, req.prompt_tokens)
         return self.pools[min(i, len(self.pools) - 1)]
 
     def pick(self, req: Request, workers: Sequence[WorkerView], now: float) -> int | None:
-        pool = self.pool_of(req)
-        mine = [w for w in workers if w.pool == pool]
-        return self.inner[pool].pick(req, mine, now)
+        home = self.pool_of(req)
+        for i, pool in enumerate([home, *self.fallback.get(home, [])]):
+            got = self.inner[pool].pick(req, [w for w in workers if w.pool == pool], now)
+            if got is not None:
+                self.fallbacks += i > 0
+                return got
+        return None
 
     def done(self, worker: int, req: Request, now: float, ok: bool) -> None:
         self.inner[self.pool_of(req)].done(worker, req, now, ok)
