@@ -318,3 +318,21 @@ def test_length_router_fails_short_requests_over_to_the_vllm_pool_once_sglang_is
     # unhealthy at 4.0 (checks at 3 and 4): later short requests go to the vLLM pool
     assert all(recs[f"q{i:02d}"]["replica"] == "r1" for i in range(9, 20))
     assert res.summary["router_fallbacks"] >= 11
+
+
+def test_spec_refuses_bad_router_parameters_and_server_args_with_their_line(tmp_path):
+    import pytest
+
+    from twin.errors import ConfigError
+
+    p = tmp_path / "d.yaml"
+    p.write_text("replicas:\n  - {name: a}\nrouter:\n  name: cache_aware\n"
+                 "  cache_treshold: 0.5\n")
+    with pytest.raises(ConfigError, match=r"d.yaml:5: router.cache_treshold: unknown "
+                                          r"parameter .*; allowed: cache_threshold"):
+        load_spec(str(p))
+    p.write_text("replicas:\n  - name: a\n    engine: vllm\n    server_args:\n"
+                 "      max_num_seqs: 0\n")
+    with pytest.raises(ConfigError, match=r"d.yaml:4: replicas\[0\].server_args: vllm "
+                                          r"max_num_seqs 0: must be an integer >= 1"):
+        load_spec(str(p))

@@ -94,7 +94,7 @@ class _Where:
     def _walk(self, node, at: str) -> None:
         if node is None:
             return
-        self.lines[at] = node.start_mark.line + 1
+        self.lines.setdefault(at, node.start_mark.line + 1)  # a key's own line first
         if hasattr(node, "value") and isinstance(node.value, list):
             for i, item in enumerate(node.value):
                 if isinstance(item, tuple):
@@ -165,6 +165,10 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
     router = _router_dict(where, "router", d.get("router", "round_robin"))
     if pool_routers and router["name"] != "length":
         raise where.err("pools", "a pool's own router needs the top-level router 'length'")
+    _check_router(where, "router", router, pools)
+    for i, pool in enumerate(pools):
+        if pool in pool_routers:
+            _check_router(where, f"pools[{i}].router", pool_routers[pool], pools)
     try:
         failover_from(d.get("failover"), "failover")
     except ServetwinError as exc:
@@ -190,6 +194,32 @@ def _keys(where: _Where, at: str, d: dict, allowed: tuple[str, ...]) -> None:
             raise where.err(f"{at}.{k}".lstrip("."), f"unknown key; allowed: {', '.join(allowed)}")
 
 
+def _check_router(where: _Where, at: str, r: dict, pools: list[str]) -> None:
+    """Build the router once so that a bad name or parameter is named with its line."""
+    params = {k: v for k, v in r.items() if k != "name"}
+    if r["name"] == "length":
+        thresholds = params.get("thresholds", (32000, 64000)[:len(pools) - 1])
+        if not isinstance(thresholds, list | tuple) or len(thresholds) != len(pools) - 1:
+            raise where.err(f"{at}.thresholds", f"{thresholds!r}: needs one fewer than the "
+                            f"{len(pools)} pools ({', '.join(pools)})")
+        params.update(pools=pools, inner={}, thresholds=thresholds)
+    import inspect
+
+    from twin.routers import ROUTERS
+
+    if r["name"] in ROUTERS:
+        allowed = [k for k in inspect.signature(ROUTERS.get(r["name"])).parameters
+                   if k not in ("seed", "pools", "inner")]
+        for k in r:
+            if k != "name" and k not in allowed:
+                raise where.err(f"{at}.{k}", f"unknown parameter of router {r['name']!r}; "
+                                f"allowed: {', '.join(allowed) or 'none'}")
+    try:
+        make_router(r["name"], params, where=at)
+    except ServetwinError as exc:
+        raise where.err(at, str(exc).removeprefix(f"{at}: ")) from None
+
+
 def _router_dict(where: _Where, at: str, r) -> dict:
     if isinstance(r, str):
         return {"name": r}
@@ -213,6 +243,15 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[Rep
         if k not in allowed:
             raise where.err(f"{at}.server_args.{k}", f"not a {engine} server argument the twin "
                             f"models; allowed: {', '.join(sorted(allowed))}")
+    try:
+        if engine == "sglang":
+            ServerArgs(**args)
+        else:
+            from twin.vllm_replica import VllmArgs
+
+            VllmArgs(**args)
+    except (TypeError, ServetwinError) as exc:
+        raise where.err(f"{at}.server_args", str(exc)) from None
     count = rep.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise where.err(f"{at}.count", f"{count!r}: must be an integer >= 1")

@@ -69,6 +69,13 @@ def make_router(name: str, params: dict | None = None, *, seed: int = 0,
     factory = ROUTERS.get(name) if name in ROUTERS else None
     if factory is None:
         raise ConfigError(f"{where}: router {name!r}: allowed values: {', '.join(router_names())}")
+    import inspect
+
+    allowed = [p for p in inspect.signature(factory).parameters if p != "seed"]
+    unknown = sorted(set(params or {}) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: router {name!r}: unknown parameter {unknown[0]!r}; "
+                          f"allowed: {', '.join(allowed) or 'none'}")
     try:
         return factory(seed=seed, **(params or {}))
     except TypeError as exc:
