@@ -84,31 +84,46 @@ def test_least_load_counts_the_routers_own_in_flight_requests():
     assert order == ["r0", "r1", "r0", "r0"]
 
 
-def test_cache_aware_follows_its_own_tree_then_the_smallest_tree():
+def test_cache_aware_from_a_cold_tree_sends_every_miss_to_the_first_worker():
+    # workers are registered with empty text (no size entry): a miss finds no smallest
+    # tenant ("empty"), falls back to the first healthy worker and inserts nothing, so the
+    # tree stays cold and everything goes to r0 (sglang-router 0.3.2, as measured live)
     X, Y = (11, 1000), (12, 1000)
-    reqs = [req("A", 0.0, [X, (101, 100)], 2),  # empty tree: smallest (tie) -> r0
-            req("B", 0.1, [Y, (102, 100)], 2),  # no match: smallest tree r1 (0 < 1100)
-            req("C", 0.2, [X, (103, 100)], 2),  # 1000/1100 > 0.3: the tree's r0
-            req("D", 0.3, [Y, (104, 100)], 2),  # r1
-            req("E", 0.4, [(105, 500)], 2)]  # no match, trees 2200 each: r0
+    reqs = [req("A", 0.0, [X, (101, 100)], 2), req("B", 0.1, [Y, (102, 100)], 2),
+            req("C", 0.2, [X, (103, 100)], 2), req("D", 0.3, [Y, (104, 100)], 2),
+            req("E", 0.4, [(105, 500)], 2)]
     router = make_router("cache_aware")
     order, res = fleet(reqs, router)
-    assert order == ["r0", "r1", "r0", "r1", "r0"]
-    assert router.decisions == {"balance": 0, "cache_hit": 2, "cache_miss": 3}
-    assert res.summary["router_decisions"]["cache_hit"] == 2
+    assert order == ["r0"] * 5
+    assert router.decisions == {"balance": 0, "cache_hit": 0, "cache_miss": 5,
+                                "fallback_first": 5}
+    assert res.summary["router_decisions"]["fallback_first"] == 5
 
 
-def test_cache_aware_balances_when_loads_are_apart():
-    # thresholds abs 1, rel 1.0: r0 holds A and B (a tree match sends B there); C sees
-    # loads (2, 0): imbalanced -> least loaded r1 although its prompt matches r0's tree
-    X = (11, 1000)
+def test_cache_aware_balance_seeds_a_tree_which_matches_and_misses_then_follow():
+    # thresholds abs 1, rel 1.0: A and B go to r0 (cold tree); C sees loads (2, 0):
+    # imbalanced -> least loaded r1, its prompt inserted for r1; D (loads 2, 1: balanced)
+    # matches X in r1's tree (1000/1010 > 0.3) -> r1; E (a new prefix; loads 2, 2) misses
+    # -> the smallest tree among workers with text: r1's, the only one
+    X, Y = (11, 1000), (12, 1000)
     reqs = [req("A", 0.0, [X, (1, 10)], 20), req("B", 0.1, [X, (2, 10)], 20),
-            req("C", 0.2, [X, (3, 10)], 20)]
+            req("C", 0.2, [X, (3, 10)], 20), req("D", 0.3, [X, (4, 10)], 20),
+            req("E", 0.4, [Y, (5, 10)], 20)]
     router = make_router("cache_aware", {"balance_abs_threshold": 1,
                                          "balance_rel_threshold": 1.0})
     order, _ = fleet(reqs, router)
-    assert order == ["r0", "r0", "r1"]
-    assert router.decisions["balance"] == 1
+    assert order == ["r0", "r0", "r1", "r1", "r1"]
+    assert router.decisions == {"balance": 1, "cache_hit": 1, "cache_miss": 3,
+                                "fallback_first": 2}
+
+
+def test_cache_aware_follows_its_tree_once_both_workers_have_text():
+    t = ApproxTree()
+    t.insert([(11, 1000), (1, 100)], 0, now=1.0)
+    t.insert([(12, 1000), (2, 100)], 1, now=2.0)
+    t.insert([(13, 50)], 1, now=3.0)
+    assert t.prefix_match([(11, 1000), (9, 100)], 4.0) == (1000, 0)
+    assert t.smallest_tenant() == 0  # 1100 < 1150
 
 
 def test_approx_tree_eviction_keeps_each_worker_under_its_size_lru_first():

@@ -235,12 +235,17 @@ class PrefixHash(_Base):
 class CacheAwareRouter(_Base):
     """sglang-router `cache_aware` (0.3.2 defaults). If the router's in-flight counts are
     imbalanced — max - min > `balance_abs_threshold` and max > `balance_rel_threshold` x
-    min, over all workers — the least-loaded healthy worker; else the worker holding the
-    longest prefix match in the router's own approximate tree, if the match rate
-    (matched / prompt) exceeds `cache_threshold`, else the worker with the smallest tree;
-    an unhealthy choice falls back to the first healthy worker. Either way the prompt is
-    inserted for the chosen worker. Every `eviction_interval_s` each worker's share of the
-    tree is cut to `max_tree_size` characters, least recently used leaves first.
+    min, over all workers — the least-loaded healthy worker, and the prompt is inserted
+    for it; else the worker holding the longest prefix match in the router's own
+    approximate tree, if the match rate (matched / prompt) exceeds `cache_threshold`, else
+    the worker with the smallest tree among those that ever had text inserted; the prompt
+    is inserted for it. When there is no such worker yet ("empty": workers are registered
+    with empty text, which leaves no size entry) or it is unhealthy, the first healthy
+    worker gets the request and the tree is not updated — so from a cold tree every miss
+    goes to the first worker until the balance rule seeds another worker's tree (as the
+    live fleet measured, docs/fleet-live.md). Every `eviction_interval_s` each worker's
+    share of the tree is cut to `max_tree_size` characters, least recently used leaves
+    first.
 
     The real tree holds request text; the twin's holds prompt segments and counts
     `chars_per_token` characters per token (sizes only; match rates are ratios). Where the
@@ -259,7 +264,7 @@ class CacheAwareRouter(_Base):
         self.chars_per_token = chars_per_token
         self.tree = ApproxTree()
         self._next_evict = eviction_interval_s
-        self.decisions = {"balance": 0, "cache_hit": 0, "cache_miss": 0}
+        self.decisions = {"balance": 0, "cache_hit": 0, "cache_miss": 0, "fallback_first": 0}
 
     def pick(self, req: Request, workers: Sequence[WorkerView], now: float) -> int | None:
         while self.eviction_interval_s > 0 and now >= self._next_evict:
@@ -268,8 +273,6 @@ class CacheAwareRouter(_Base):
         ok = _healthy(workers)
         if not ok:
             return None
-        for w in workers:
-            self.tree.add_tenant(w.index)
         loads = [w.load for w in workers]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.abs_t and hi > lo * self.rel_t:
@@ -283,9 +286,12 @@ class CacheAwareRouter(_Base):
                 chosen = tenant
             else:
                 self.decisions["cache_miss"] += 1
-                chosen = self.tree.smallest_tenant([w.index for w in workers])
+                chosen = self.tree.smallest_tenant()
             if chosen not in {w.index for w in ok}:
-                return ok[0].index  # sglang-router: fall back to the first healthy worker
+                # "empty" (no worker has text in the tree yet), a worker gone or unhealthy:
+                # the first healthy worker, and the tree is not updated
+                self.decisions["fallback_first"] += 1
+                return ok[0].index
         self.tree.insert(req.segments, chosen, now)
         return chosen
 
@@ -307,18 +313,14 @@ class ApproxTree:
         self.root = _TNode(None, None)
         self.size: dict[int, int] = {}  # tokens per tenant
 
-    def add_tenant(self, t: int) -> None:
-        self.size.setdefault(t, 0)
-
     def insert(self, segments, tenant: int, now: float) -> None:
         node = self.root
-        self.add_tenant(tenant)
         for seg in segments:
             child = node.children.get(seg)
             if child is None:
                 child = node.children[seg] = _TNode(seg, node)
             if tenant not in child.tenants:
-                self.size[tenant] += child.tokens
+                self.size[tenant] = self.size.get(tenant, 0) + child.tokens
             child.tenants[tenant] = now
             node = child
 
@@ -338,8 +340,11 @@ class ApproxTree:
             walk = walk.parent
         return matched, tenant
 
-    def smallest_tenant(self, candidates: list[int]) -> int:
-        return min(candidates, key=lambda t: (self.size.get(t, 0), t))
+    def smallest_tenant(self) -> int | None:
+        """The tenant with the fewest characters among those that ever had text inserted
+        (tree.rs `tenant_char_count`: a worker registered with "" has no entry); None for
+        tree.rs's "empty"."""
+        return min(self.size, key=lambda t: (self.size[t], t)) if self.size else None
 
     def evict(self, max_tokens: int, now: float) -> None:
         """Per tenant over `max_tokens`: drop its least recently used leaves (nodes where
