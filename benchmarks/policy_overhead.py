@@ -8,12 +8,15 @@ SGLang's own `HookRegistry`. The plugin runtime gets a small stand-in for the sc
 (its KV numbers); the `PrefillAdder` is built without `__init__` and given the fields
 `preempt_to_schedule` reads (a KV allocator needs a model). Both preemption paths find no
 victim (equal priorities), so the numbers are the decision's cost, not the release's.
+Times are CPU time per call (`process_time`, garbage collector off): on the shared machine
+wall time mostly measures the wait for a core. Each round measures SGLang's own and every
+row back to back; the table gives min / median over the rounds and the paired difference.
 
 Workload: prompts of 100 tokens, max_new_tokens 16..527, priorities 0..2 in a fixed
 pseudo-random pattern; 16 running requests (10 tokens generated each); the server's
 policy is `fcfs` with priority scheduling (SGLang sorts by priority, then queue entry).
 
-    python benchmarks/policy_overhead.py [--write]   # --write: the table into docs/policies.md
+    python benchmarks/policy_overhead.py [--rounds N] [--write]   # --write: into docs/policies.md
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@ Three hooks, registered with SGLang's `HookRegistry` (AROUND):
 - `Scheduler.__init__`: after SGLang's own, build the policy with the server's settings,
   check that the other hooks are in place (`__wrapped__`), say which policy runs, open the
   decision log;
-- `SchedulePolicy.calc_priority`: SGLang's own sort first, then the policy's order
-  (validated) applied to the waiting queue in place;
+- `SchedulePolicy.calc_priority`: SGLang's original (its sort switched off when the
+  policy's order replaces it), then the policy's order (validated) applied to the
+  waiting queue in place;
 - `Scheduler.get_prefill_adder_class`: a `PrefillAdder` subclass whose
   `preempt_to_schedule` asks the policy for victims and commits them with SGLang's own
-  release steps.
+  release steps, and whose `add_one_req` does the same on NO_TOKEN for a policy that
+  `preempts_for_kv` (then retries the request once).
 
 The engine is sacred: every hook catches every exception, logs once per kind of failure,
 counts it in `COUNTERS` and falls back to SGLang's own behaviour for that pass. SGLang's
