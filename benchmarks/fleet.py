@@ -5,7 +5,8 @@ Part 1 (`--part routing`): finance-qa (600 requests, closed loop) at 100 % of th
 peak (50 clients) and 200 % (100 clients) through the presets `finance-hybrid` (the
 users' design: SGLang pool for <= 32k tokens, vLLM pools for 32k-64k and > 64k),
 `finance-sglang-pool` (5 SGLang replicas at TP 2 behind round_robin) and
-`finance-sglang-cache-aware` (the same behind sglang-router's cache_aware); all 10 x
+`finance-sglang-cache-aware` (the same behind sglang-router's cache_aware), and
+`finance-hybrid+rr` (the users' design with round_robin inside each pool); all 10 x
 A100-80GB PCIe, DeepSeek-R1-Distill-Qwen-32B, opdb step times. P99 TTFT per request class
 (short questions, 10k-32k documents, 64k-128k documents), SLO attainment (TTFT <= 1.5 s).
 
@@ -27,11 +28,20 @@ import numpy as np
 import simpy
 
 from calibration.profiles import machine
-from twin.fleet import Kinds, build_fleet, load_spec, parse_spec, run_deployment, simulate_fleet
+from twin.fleet import (
+    Kinds,
+    build_fleet,
+    load_spec,
+    parse_spec,
+    run_deployment,
+    simulate_fleet,
+    with_router,
+)
 from twin.metrics import SLO
 from twin.workload import finance_qa, from_spec
 
-PRESETS = ("finance-hybrid", "finance-sglang-pool", "finance-sglang-cache-aware")
+PRESETS = ("finance-hybrid", "finance-hybrid+rr", "finance-sglang-pool",
+           "finance-sglang-cache-aware")
 CLASSES = (("short (<10k)", 0, 10_000), ("doc 10k-32k", 10_000, 32_000),
            ("mid 32k-64k", 32_000, 64_000), ("long >64k", 64_000, 10**9))
 
@@ -40,17 +50,25 @@ def _p99(vals: list[float]) -> str:
     return f"{np.percentile(vals, 99):.2f}" if vals else "-"
 
 
+def _spec(name: str):
+    """A preset; `finance-hybrid+rr`: the users' design with round_robin in every pool."""
+    if name != "finance-hybrid+rr":
+        return load_spec(name)
+    spec = load_spec("finance-hybrid")
+    return with_router(spec, spec.router, {p: {"name": "round_robin"} for p in spec.pools})
+
+
 def routing(n: int) -> None:
     kinds = Kinds()
     print(f"finance-qa, {n} requests, seed 0; SLO TTFT <= 1.5 s")
-    head = ("| deployment | load | GPUs | " + " | ".join(f"P99 TTFT {c[0]} s" for c in CLASSES)
+    head = ("| deployment | load | GPUs | requests per replica | " + " | ".join(f"P99 TTFT {c[0]} s" for c in CLASSES)
             + " | SLO attainment | per class (short/doc/long) | P99 TTFT all s |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for clients, label in ((50, "100 % (50 clients)"), (100, "200 % (100 clients)")):
         wl = finance_qa(0, n=n, concurrency=clients)
         for name in PRESETS:
-            res = simulate_fleet(load_spec(name), wl, SLO(1.5), kinds=kinds)
+            res = simulate_fleet(_spec(name), wl, SLO(1.5), kinds=kinds)
             recs = res.records
             cells, att = [], []
             for cname, lo, hi in CLASSES:
@@ -60,7 +78,8 @@ def routing(n: int) -> None:
                     ok = sum(1 for r in mine if r["status"] == "ok" and r["ttft_s"] <= 1.5)
                     att.append(f"{ok / len(mine):.0%}")
             s = res.summary
-            print(f"| {name} | {label} | {s['gpus']} | " + " | ".join(cells)
+            split = "/".join(str(p["requests"]) for p in s["replicas"].values())
+            print(f"| {name} | {label} | {s['gpus']} | {split} | " + " | ".join(cells)
                   + f" | {s['slo']['attainment']:.1%} | {'/'.join(att)} | "
                   f"{s['ttft_s']['p99']:.2f} |", flush=True)
 
