@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", help="the live server, e.g. http://127.0.0.1:30000")
     p.add_argument("--out", type=Path, required=True, help="the profile to write (JSON)")
     p.add_argument("--budget-s", type=float, default=300.0,
-                   help="time for the profiling runs, seconds (default 300)")
+                   help="time for the profiling runs, seconds (default 300; 0: no new runs, "
+                   "refit on the runs a resumable profile already holds)")
     p.add_argument("--from-records", type=Path, action="append", default=[], metavar="DIR",
                    help="also fit on a `servetwin live replay --out` directory (repeatable)")
     p.add_argument("--from-bench-serving", type=Path, action="append", default=[],
@@ -59,13 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_calibrate(ns: argparse.Namespace) -> int:
     from calibration.offline import from_bench_serving, from_record_dir
     from calibration.profiles import build_profile, identity, write_profile
-    from twin.inputs import POSITIVE, check
+    from twin.inputs import NON_NEGATIVE, check
     from twin.outputs import check_out_file
 
     if not ns.url and not ns.from_records and not ns.from_bench_serving:
         raise ConfigError("give --url (profile a live server) and/or --from-records / "
                           "--from-bench-serving (fit on runs already made)")
-    check("--budget-s", ns.budget_s, POSITIVE)
+    check("--budget-s", ns.budget_s, NON_NEGATIVE)
     check_out_file(ns.out)
     samples, info, sources = [], None, []
     if ns.url:
