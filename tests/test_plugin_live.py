@@ -34,7 +34,7 @@ KV_FLAGS = ["--schedule-policy", "fcfs", "--max-running-requests", "8",
             "--max-total-tokens", "300", "--enable-priority-scheduling",
             "--default-priority-value", "0"]
 # two low-priority requests (40 + 80 tokens each) take most of the 300 KV tokens; the
-# VIP one (40 + 40) sent 0.6 s later finds no KV room while request slots are free
+# VIP one (40 + 40), sent once both run, finds no KV room while request slots are free
 KV_PLAN = [(80, 0), (80, 0), (40, 50)]
 
 
@@ -165,8 +165,22 @@ def test_the_live_decision_log_replays_identically_in_the_twin(lof_server, nativ
 def test_slices_preempts_for_kv_room_and_the_log_replays(kv_server):
     from runtime.cpu.serve import post_json
 
+    def running() -> float:
+        import re
+        import urllib.request
+
+        with urllib.request.urlopen(kv_server.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        m = re.search(r"^sglang:num_running_reqs\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
     def one(i: int) -> dict:
-        time.sleep(0.6 if i == 2 else 0.03 * i)
+        if i == 2:  # the VIP goes once both low ones run (on a calm or a loaded machine)
+            deadline = time.monotonic() + 60
+            while running() < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        else:
+            time.sleep(0.03 * i)
         out, prio = KV_PLAN[i]
         body = {"input_ids": [3 + (7 * i + k) % 4000 for k in range(40)],
                 "rid": f"kv-{i}", "priority": prio,
