@@ -29,6 +29,7 @@ from pathlib import Path
 from runtime.cpu.install import HarnessError, _run_logged
 from runtime.cpu.pins import LOCKED
 from runtime.cpu.serve import free_port, log_tail, stop_process_group
+from runtime.venv import VenvPrefix
 
 ROUTER_VERSION = "0.3.2"
 ENV_VAR = "SERVETWIN_ROUTER_ENV"
@@ -39,18 +40,10 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class RouterEnv:
+class RouterEnv(VenvPrefix):
     """Where the router's venv lives."""
 
-    prefix: Path
-
-    @property
-    def python(self) -> Path:
-        return self.prefix / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        return self.prefix / MARKER
+    marker_name = MARKER
 
     def is_installed(self) -> bool:
         try:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from runtime.cpu import model
 from runtime.cpu.pins import LOCKED
+from runtime.venv import VenvPrefix
 from twin.errors import ServetwinError
 
 ENV_VAR = "SERVETWIN_SGLANG_ENV"
@@ -67,22 +68,10 @@ class HarnessError(ServetwinError):
 
 
 @dataclass(frozen=True)
-class Harness:
+class Harness(VenvPrefix):
     """Where an installed (or to-be-installed) harness lives."""
 
-    prefix: Path
-
-    @property
-    def python(self) -> Path:
-        return self.prefix / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        return self.prefix / MARKER
-
-    @property
-    def install_log(self) -> Path:
-        return self.prefix / "install.log"
+    marker_name = MARKER
 
     @property
     def model_dir(self) -> Path:

