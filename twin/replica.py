@@ -25,6 +25,7 @@ from twin import config as C
 from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.config import Capacity, ServerArgs
 from twin.decider import Decider, PolicyDecider
+from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
 from twin.perf import StepTimeModel
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
@@ -53,7 +54,7 @@ class Feed(Protocol):
     def unsent(self) -> list[tuple[float, Request]]: ...
 
 
-class Replica(KVMemory):
+class Replica(Inbox, KVMemory):
     """The simulated server. `run()` is its SimPy process; `finished` collects every
     request that left (ok, rejected or aborted)."""
 
@@ -166,26 +167,6 @@ class Replica(KVMemory):
                     break
                 yield from self._idle(now)
         self._end(self.env.now)
-
-    def submit(self, sent_s: float, req: Request) -> None:
-        """A request handed to this server (it enters the queue at the next pass)."""
-        self._inbox.append((sent_s, req))
-        if not self._wake.triggered:
-            self._wake.succeed()
-
-    def submit_nothing(self) -> None:
-        """Wake an idle replica to see that the feed is done (it then stops)."""
-        if not self._wake.triggered:
-            self._wake.succeed()
-
-    def _idle(self, now: float) -> Iterator[simpy.Event]:
-        """Sleep until a request is submitted (or the horizon)."""
-        wake = self._wake
-        if self.horizon is not None:
-            wake = wake | self.env.timeout(max(self.horizon - now, 0.0))
-        yield wake
-        if self._wake.triggered:
-            self._wake = self.env.event()
 
     def _pull_arrivals(self, now: float) -> None:
         self.feed.pump(now)

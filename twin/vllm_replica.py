@@ -39,6 +39,7 @@ import simpy
 
 from twin.config import ServerArgs, derive_capacity
 from twin.errors import InfeasibleError
+from twin.inbox import Inbox
 from twin.request_state import SimRequest
 from twin.workload import Request
 
@@ -139,7 +140,7 @@ class VCounters:
     prefix_hit_tokens: int = 0
 
 
-class VllmReplica:
+class VllmReplica(Inbox):
     """The simulated vLLM server; `run()` is its SimPy process."""
 
     def __init__(self, env: simpy.Environment, args: VllmArgs, cap, step_time, feed=None, *,
@@ -175,15 +176,6 @@ class VllmReplica:
         self._tag = 0
 
     # ---- feeding ------------------------------------------------------------------------
-    def submit(self, sent_s: float, req: Request) -> None:
-        self._inbox.append((sent_s, req))
-        if not self._wake.triggered:
-            self._wake.succeed()
-
-    def submit_nothing(self) -> None:
-        if not self._wake.triggered:
-            self._wake.succeed()
-
     def _pull(self, now: float) -> None:
         self.feed.pump(now)
         inbox, self._inbox = self._inbox, []
@@ -226,12 +218,7 @@ class VllmReplica:
                 continue
             if not self.waiting and not self.running and self.feed.done():
                 break
-            wake = self._wake
-            if self.horizon is not None:
-                wake = wake | self.env.timeout(max(self.horizon - now, 0.0))
-            yield wake
-            if self._wake.triggered:
-                self._wake = self.env.event()
+            yield from self._idle(now)
         self._end()
 
     def _schedule(self) -> tuple[list[tuple[SimRequest, int]], bool]:
