@@ -156,7 +156,9 @@ def test_the_live_decision_log_replays_identically_in_the_twin(lof_server, nativ
         lines = list(read_lines(server.log))
         assert lines[0]["kind"] == "header" and lines[0]["native"] is native
         result = replay(lines, policy_from_header(lines[0]))
-        assert result.decisions >= 5
+        # how many passes saw a choice depends on how arrivals bunch on the loaded machine
+        # (a pass is skipped while the batch is full): at least two per server, not a count
+        assert result.decisions >= 2, (lines[0]["spec"], result)
         assert result.share == 1.0, result.disagreements
     questions = [d["question"] for d in read_lines(native_server.log) if d["kind"] == "decision"]
     assert "preempt" in questions  # SGLang's own priority preemption, reproduced by the twin
