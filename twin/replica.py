@@ -213,12 +213,14 @@ class Replica(Inbox, KVMemory):
                 and not self.preempt:
             self.batch_full = True
             return None
-        yield from self._order_waiting(now)
+        admit = yield from self._order_waiting(now)
         mixed = running_bs if (self.args.enable_mixed_chunk and self.running) else 0
         adder = Adder(self, mixed)
         if self.chunked is not None:
             self.chunked = adder.add_chunked(self.chunked, self._chunk_limit(adder))
         for i, req in enumerate(list(self.waiting)):
+            if admit is not None and i >= admit:
+                break  # the policy withholds the rest of the queue this pass
             if len(adder.can_run) + len(self.running) >= self.cap.max_running_requests:
                 self.batch_full = True
             if self.batch_full:
@@ -279,13 +281,15 @@ class Replica(Inbox, KVMemory):
         return plan
 
     def _order_waiting(self, now: float) -> Iterator[simpy.Event]:
+        """Order the queue; returns how many of it may be admitted (None: all)."""
         if self.policy.wants_prefix_match(len(self.waiting)):
             for r in self.waiting:
                 self._match(r)
         if len(self.waiting) < 2 and not self.decider_takes_all:
-            return
+            return None
         plan = yield from self._decide(self.snapshot(now))
         self.waiting = [self.waiting[i] for i in plan.order]
+        return plan.admit
 
     def _try_preempt(self, i: int, req: SimRequest, adder: Adder) -> Iterator[simpy.Event]:
         """Priority preemption (`PrefillAdder.preempt_to_schedule`): the decider names the

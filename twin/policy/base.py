@@ -104,10 +104,16 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A policy's answer: `order` for an order question, `victims` for a preempt one."""
+    """A policy's answer: `order` for an order question, `victims` for a preempt one.
+    `admit` (order questions only) withholds admission: at most the first `admit`
+    requests of the order may be admitted in this pass, the rest wait for a later pass
+    (None: no limit, SGLang's own behaviour). A plan must not withhold everything from a
+    server with nothing running (`admit` >= 1 then), so that an idle server always
+    serves."""
 
     order: tuple[int, ...] | None = None
     victims: tuple[int, ...] = field(default=())
+    admit: int | None = None
 
 
 class Policy:

@@ -72,12 +72,24 @@ def validate_plan(snap: Snapshot, plan: object) -> str | None:
                 type(i) is int for i in order):
             return (f"order is not a permutation of range({len(snap.waiting)}): "
                     f"{list(order)[:10]}{'...' if len(order) > 10 else ''}")
-        return None
+        return _admit_problem(snap, plan.admit)
+    if plan.admit is not None:
+        return "admit answers an order question, not a preempt one"
     v = plan.victims
     if not all(type(i) is int and 0 <= i < len(snap.running) for i in v):
         return f"victims {list(v)} not all in range({len(snap.running)})"
     if len(set(v)) != len(v):
         return f"victims {list(v)} repeat an index"
+    return None
+
+
+def _admit_problem(snap: Snapshot, admit: object) -> str | None:
+    if admit is None:
+        return None
+    if type(admit) is not int or not 0 <= admit <= len(snap.waiting):
+        return f"admit {admit!r} is not an integer in [0, {len(snap.waiting)}]"
+    if admit == 0 and not snap.running:
+        return "admit 0 with nothing running: an idle server must serve"
     return None
 
 
