@@ -16,12 +16,16 @@ one (arrival time, or in closed loop the later of arrival and the moment the cli
 freed). `check()` fails when its P99 exceeds `max_lateness_s`, so a slow client is never
 mistaken for a slow server.
 
-Failures are records, not crashes: HTTP errors, in-stream errors, timeouts and lost
-connections give status `failed` (`rejected` for a request the server refuses as too
-long), with the error. A connection error makes the replayer ask `/health`; a server that
-no longer answers ends the replay (nothing more is sent) with a clear `stop_reason`.
-Ctrl-C stops it too; in-flight requests become `aborted`. Every request that was sent is
-in the records exactly once; requests never sent are counted in `replay.json`.
+Failures are records, not crashes: HTTP errors, in-stream errors, answers that are not
+SGLang's (bad JSON, wrong fields), timeouts and lost connections give status `failed`
+(`rejected` for a request the server refuses as too long), with the error. The whole
+server is watched too, so a dead one does not cost a timeout per request: a connection
+error makes the replayer ask `/health`, and `stall_s` without data on any stream makes it
+ask `/health_generate` (SGLang's own end-to-end check); a server that fails the check
+ends the replay: the requests in flight fail with that reason, nothing more is sent.
+Ctrl-C stops it too; in-flight requests become `aborted`. Every request of the workload
+is in the records exactly once: those never sent (the replay stopped) are `aborted`,
+and `replay.json` counts them (`not_sent`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ async def stream_generate(session: aiohttp.ClientSession, url: str, **post: obje
             yield now, json.loads(payload)
 
 
+INTERRUPTED = "interrupted (Ctrl-C)"
 START_LEAD_S = 0.2  # between building the schedule and the first scheduled send
 READ_BUFFER = 1 << 22  # streamed lines carry the cumulative output ids: allow long ones
 
@@ -79,8 +84,16 @@ class ReplayConfig:
     url: str
     seed: int = 0
     max_lateness_s: float = 0.050  # bound on the P99 of the client's own lateness
-    request_timeout_s: float = 600.0  # longest silence on one stream
+    request_timeout_s: float = 600.0  # longest silence (or time without a new token) per stream
     connect_timeout_s: float = 10.0
+    # whole-server liveness: after this long with requests in flight and no data on any
+    # stream, ask /health_generate (None: the request timeout, at most 60 s)
+    stall_s: float | None = None
+    health_timeout_s: float = 30.0  # SGLang's /health_generate gives up after 20 s
+
+    @property
+    def stall_after_s(self) -> float:
+        return self.stall_s if self.stall_s is not None else min(self.request_timeout_s, 60.0)
     vocab_size: int | None = None  # None: from the server's model config.json
     flush_cache: bool = True  # start with an empty radix cache, as the twin does
 
@@ -112,6 +125,9 @@ class ReplayResult:
         write_records(out / "requests.jsonl", self.records)
         summary = summarize(self.records)
         summary["engine"] = {"live": self.meta["url"], "version": self.meta.get("version")}
+        if self.stop_reason:  # a replay that stopped early: say so where the numbers are
+            summary["partial"] = {"stop_reason": self.stop_reason, "sent": self.meta["sent"],
+                                  "not_sent": self.meta["not_sent"]}
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write_text(out / "replay.json", json.dumps(self.meta, indent=2) + "\n")
         for when, snap in self.snapshots.items():
@@ -126,9 +142,10 @@ class ReplayResult:
     def check(self) -> None:
         """Raise `ReplayError` when the replay stopped early or the client was too late."""
         if self.stop_reason:
-            raise ReplayError(f"{self.stop_reason}; {self.meta['sent']} of "
-                              f"{self.meta['requests']} requests were sent, their "
-                              f"{len(self.records)} records are written")
+            m = self.meta
+            raise ReplayError(f"{self.stop_reason}; {m['sent']} of {m['requests']} requests "
+                              f"were sent; all {len(self.records)} records are written (the "
+                              f"{m['not_sent']} never sent as aborted)")
         late, bound = self.lateness, self.meta["max_lateness_ms"]
         if late["p99"] is not None and late["p99"] > bound:
             raise ReplayError(
@@ -149,10 +166,16 @@ def replay(workload: Workload, cfg: ReplayConfig, progress=None,
     try:
         asyncio.run(run.main())
     except KeyboardInterrupt:
-        run.stop("interrupted (Ctrl-C)")
-    after = snapshot(cfg.url)
-    if facts.workers:
-        workers["after"] = worker_metrics(facts.workers)
+        run.stop(INTERRUPTED)
+    try:
+        after = snapshot(cfg.url, 5.0 if run.dead else 10.0)
+        if facts.workers:
+            workers["after"] = worker_metrics(facts.workers)
+    except KeyboardInterrupt:  # a Ctrl-C after the requests: keep the records
+        run.stop(INTERRUPTED)
+        after = {"server_info": json.dumps({"unavailable": INTERRUPTED}) + "\n",
+                 "metrics": f"# unavailable: {INTERRUPTED}\n"}
+        workers.pop("before", None)
     meta = run.meta() | {"cache_flushed": flush_error is None, "flush_error": flush_error,
                          "router_workers": list(facts.workers)}
     return ReplayResult(run.records(), meta, {"before": before, "after": after},
@@ -200,18 +223,32 @@ class _Run:
     t0: float = 0.0
     started_wall: str = ""
     duration_s: float = 0.0
+    dead: str | None = None  # why the server counts as gone (in-flight requests fail so)
     _probing: asyncio.Lock | None = None
     _stopped: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.tokens = SegmentTokens(self.facts.vocab_size, self.cfg.seed)
         self.in_flight = 0
+        self.flying: dict[asyncio.Task, StreamLog] = {}  # requests in flight, by task
+        self.last_data = 0.0  # client clock: the last chunk from any stream
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
         if self._stopped is not None:
             self._stopped.set()
+
+    def server_gone(self, reason: str) -> None:
+        """The server failed its health check: stop sending, fail what is in flight."""
+        if self.dead is not None:
+            return
+        self.dead = reason
+        self.stop(reason)
+        me = asyncio.current_task()
+        for task in list(self.flying):
+            if task is not me:
+                task.cancel()
 
     async def main(self) -> None:
         self._probing = asyncio.Lock()
@@ -225,14 +262,15 @@ class _Run:
             self.session = session
             self.started_wall = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             self.t0 = time.perf_counter() + START_LEAD_S
-            ticker = asyncio.create_task(self._tick())
+            helpers = [asyncio.create_task(self._tick()), asyncio.create_task(self._watch())]
             try:
                 if self.workload.concurrency:
                     await self._closed_loop(self.workload.concurrency)
                 else:
                     await self._open_loop()
             finally:
-                ticker.cancel()
+                for task in helpers:
+                    task.cancel()
                 self.duration_s = time.perf_counter() - self.t0
 
     async def _open_loop(self) -> None:
@@ -270,7 +308,7 @@ class _Run:
 
         workers = [asyncio.create_task(client()) for _ in range(clients)]
         try:
-            await asyncio.gather(*workers)
+            await asyncio.gather(*workers, return_exceptions=True)
         finally:
             for task in workers:
                 task.cancel()
@@ -292,12 +330,29 @@ class _Run:
         self.lateness_s.append(max(sent - scheduled, 0.0))
         log = StreamLog(req, sent - self.t0, sent)
         self.logs.append(log)
+        if not self.in_flight:
+            self.last_data = sent  # the stall clock starts with the first request in flight
         self.in_flight += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.flying[task] = log
+        try:
+            await self._attempt(log, body)
+        except asyncio.CancelledError:
+            if self.dead is None:  # Ctrl-C: the client gave up, not the server
+                log.fail("aborted", "the replay was interrupted while the request was in "
+                         "flight")
+                raise
+            log.fail("failed", self.dead)  # server_gone cancelled it; carry on (and stop)
+            task.uncancel()
+        finally:
+            self.flying.pop(task, None)
+            self.in_flight -= 1
+
+    async def _attempt(self, log: StreamLog, body: bytes) -> None:
+        """One request's stream; every way it can go wrong becomes the log's failure."""
         try:
             await self._stream(log, body)
-        except asyncio.CancelledError:
-            log.fail("aborted", "the replay was interrupted while the request was in flight")
-            raise
         except TimeoutError:
             log.fail("failed", f"no data for {self.cfg.request_timeout_s:g} s "
                      "(--request-timeout) or no connection in "
@@ -305,10 +360,11 @@ class _Run:
         except aiohttp.ClientError as exc:
             log.fail("failed", f"connection error: {type(exc).__name__}: {exc}")
             await self._check_server()
-        except ValueError as exc:  # a chunk that is not JSON
+        except ValueError as exc:  # a chunk that is not JSON, or not SGLang's
             log.fail("failed", f"unreadable stream from the server: {exc}")
-        finally:
-            self.in_flight -= 1
+        except Exception as exc:  # noqa: BLE001 - whatever else: a record, never a crash
+            log.fail("failed", f"unexpected error on this request: {type(exc).__name__}: "
+                     f"{exc}")
 
     async def _stream(self, log: StreamLog, body: bytes) -> None:
         # X-Request-Id: an sglang-router in front logs each attempt under this id, so its
@@ -317,11 +373,22 @@ class _Run:
         try:
             async with aclosing(stream_generate(self.session, self.cfg.url, data=body,
                                                 headers=headers)) as chunks:
+                progress_at = log.sent_at
                 async for now, chunk in chunks:
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"a chunk that is not a JSON object: {chunk!r:.60}")
                     if "error" in chunk:
                         log.fail(*_stream_error(chunk["error"]))
                         break
+                    have = len(log.token_times)
                     log.on_chunk(now, chunk.get("meta_info") or {})
+                    self.last_data = now
+                    if len(log.token_times) > have:
+                        progress_at = now
+                    elif now - progress_at > self.cfg.request_timeout_s:
+                        log.fail("failed", f"no new token for {now - progress_at:.0f} s "
+                                 "(--request-timeout) while the server kept sending")
+                        break
         except HttpStatusError as exc:
             log.fail("rejected" if exc.status == 400 and "context length" in exc.text
                      else "failed", str(exc))
@@ -332,13 +399,44 @@ class _Run:
         async with self._probing:
             if self.stop_reason:
                 return
-            try:
-                async with self.session.get(self.cfg.url + "/health",
-                                            timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self.stop(f"the SGLang server at {self.cfg.url} stopped answering mid-run "
-                          f"(GET /health: {type(exc).__name__}: {exc})")
+            why = await self._health("/health", 5.0)
+            if why:
+                self.server_gone(f"the SGLang server at {self.cfg.url} stopped answering "
+                                 f"mid-run (GET /health: {why})")
+
+    async def _health(self, path: str, timeout_s: float) -> str | None:
+        """None when `path` answers 200 (or 404: a server without it), else why not."""
+        try:
+            async with self.session.get(self.cfg.url + path,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                if resp.status in (200, 404):
+                    return None
+                return f"HTTP {resp.status}"
+        except TimeoutError:
+            return f"no answer in {timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    async def _watch(self) -> None:
+        """Whole-server liveness: requests in flight and nothing from any stream for
+        `stall_s` -> SGLang's `/health_generate` (a one-token generation, or any recent
+        output); a server that fails it is gone. A server that passes gets another
+        `stall_s` before the next question; per-request timeouts still apply."""
+        stall = self.cfg.stall_after_s
+        while True:
+            await asyncio.sleep(min(1.0, stall / 4))
+            quiet = time.perf_counter() - self.last_data
+            if not self.in_flight or quiet < stall or self.stop_reason:
+                continue
+            why = await self._health("/health_generate", self.cfg.health_timeout_s)
+            if why is None:
+                self.last_data = time.perf_counter()
+                continue
+            self.server_gone(f"the SGLang server at {self.cfg.url} stopped answering mid-run "
+                             f"(no data on any of the {self.in_flight} streams in flight for "
+                             f"{quiet:.0f} s, and GET /health_generate: {why})")
+            return
 
     async def _tick(self) -> None:
         while self.progress is not None:
@@ -347,7 +445,15 @@ class _Run:
 
     # -- results -------------------------------------------------------------------
     def records(self) -> list[dict]:
+        """One per request of the workload: those sent, then those never sent (aborted,
+        at their scheduled arrival)."""
         recs = [log.record() for log in self.logs]
+        sent = {id(log.request) for log in self.logs}
+        for req in self.workload.requests:
+            if id(req) not in sent:
+                log = StreamLog(req, req.arrival_s, 0.0)
+                log.fail("aborted", f"not sent: {self.stop_reason or 'the replay stopped'}")
+                recs.append(log.record())
         return sorted(recs, key=lambda r: (r["arrival_s"], r["rid"]))
 
     def done_counts(self) -> dict[str, int]:

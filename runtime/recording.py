@@ -19,6 +19,7 @@ only if SGLang counts them there).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from twin.workload import Request
@@ -41,10 +42,16 @@ class StreamLog:
     status: str | None = None  # set on failure or abort; None means "judge from the stream"
     error: str | None = None
 
-    def on_chunk(self, t: float, meta: dict) -> None:
-        """A `data:` chunk arrived at `t`; its `meta_info` has the cumulative token count."""
+    def on_chunk(self, t: float, meta: object) -> None:
+        """A `data:` chunk arrived at `t`; its `meta_info` has the cumulative token count.
+        `ValueError` (and the chunk ignored) when the meta_info is not what SGLang sends:
+        see `meta_problem`."""
+        problem = meta_problem(meta, len(self.token_times), self.request.output_tokens)
+        if problem:
+            raise ValueError(problem)
+        assert isinstance(meta, dict)
         self.meta = meta
-        done = int(meta.get("completion_tokens") or 0)
+        done = meta.get("completion_tokens") or 0
         new = done - len(self.token_times)
         if new > 0:
             self.token_times.extend([t] * new)  # zero gaps after the first: see module doc
@@ -106,6 +113,43 @@ class StreamLog:
         if replica is not None:
             rec["replica"] = replica
         return rec
+
+
+# meta_info fields the record is built from: counts (integers >= 0) and seconds (finite, >= 0)
+_COUNTS = ("completion_tokens", "prompt_tokens", "cached_tokens", "num_retractions")
+_SECONDS = ("queue_time",)
+
+
+def meta_problem(meta: object, have: int, wanted: int) -> str | None:
+    """Why a chunk's `meta_info` cannot be SGLang's, or None: not an object, a count that
+    is not a non-negative integer, a time that is not a finite non-negative number, a
+    cumulative token count that goes down or beyond the `wanted` tokens (`ignore_eos`
+    makes the output exactly `max_new_tokens`)."""
+    if not isinstance(meta, dict):
+        return f"meta_info is {_show(meta)}, not a JSON object"
+    for key in _COUNTS:
+        v = meta.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            return f"meta_info.{key} is {_show(v)}, not a count"
+    for key in _SECONDS:
+        v = meta.get(key)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and math.isfinite(v) and v >= 0):
+            return f"meta_info.{key} is {_show(v)}, not a time in seconds"
+    done = meta.get("completion_tokens") or 0
+    if done < have:
+        return f"meta_info.completion_tokens went down from {have} to {done}"
+    if done > wanted:
+        return f"meta_info.completion_tokens {done} is more than the {wanted} requested"
+    reason = meta.get("finish_reason")
+    if reason is not None and not isinstance(reason, (dict, str)):
+        return f"meta_info.finish_reason is {_show(reason)}"
+    return None
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 REPLICA_LABEL = "replica-"

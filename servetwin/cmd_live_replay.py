@@ -42,7 +42,7 @@ def register_replay(sub) -> None:
 
 
 def run_replay(ns: argparse.Namespace) -> int:
-    from runtime.client import ReplayConfig, replay
+    from runtime.client import INTERRUPTED, ReplayConfig, replay
     from runtime.server_api import ReplayError, probe
     from twin.inputs import COUNT, POSITIVE, check, check_optional
     from twin.metrics import format_summary, summarize
@@ -74,6 +74,12 @@ def run_replay(ns: argparse.Namespace) -> int:
               f"max {late['max']:.2f}  (bound P99 <= {ns.max_lateness_ms:g})")
     print(f"wrote {ns.out}/requests.jsonl ({len(result.records)} records), summary.json, "
           "replay.json, server_info_*.json, metrics_*.prom")
+    if result.stop_reason == INTERRUPTED:
+        m = result.meta
+        print(f"servetwin live replay: {INTERRUPTED}: {m['sent']} of {m['requests']} requests "
+              f"were sent; {ns.out}/requests.jsonl has all {len(result.records)} (in flight "
+              "and never sent: aborted), summary.json is marked partial", file=sys.stderr)
+        return 130
     result.check()
     return 0
 

@@ -1,105 +1,18 @@
-"""The replay client against a small fake SGLang (aiohttp.web in a thread): the protocol
-details and failure paths that a real server produces only rarely."""
+"""The replay client against a small fake SGLang (tests/fake_sglang.py): the protocol
+details that a real server produces only rarely. Its faults: tests/test_replay_faults.py."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-
 import pytest
-from aiohttp import web
+from fake_sglang import FakeSglang
 
 from runtime.client import ReplayConfig, replay
-from runtime.cpu.serve import free_port
 from runtime.token_ids import SegmentTokens
 from twin.workload import Request, Workload
 
 pytestmark = pytest.mark.offline
 # Tests of behaviour, not of speed: the machine may be busy (a live server, other jobs).
 LOOSE = 60.0  # these tests check records, not how loaded the machine is
-
-
-class FakeSglang:
-    """`/server_info`, `/metrics`, `/flush_cache`, `/health` and a streaming `/generate`
-    whose behaviour is chosen per request by its rid prefix."""
-
-    def __init__(self, priority: bool = False, token_delay: float = 0.002) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.priority, self.token_delay = priority, token_delay
-        self.bodies: list[dict] = []
-        self.in_flight = self.max_in_flight = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-
-    def __enter__(self) -> FakeSglang:
-        threading.Thread(target=self._serve, daemon=True).start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_get("/server_info", self._info)
-        app.router.add_get("/metrics", _text("sglang:fake 1\n"))
-        app.router.add_get("/health", _text("ok"))
-        app.router.add_post("/flush_cache", _text("flushed"))
-        app.router.add_post("/generate", self._generate)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _info(self, request):
-        return web.json_response({"version": "fake", "model_path": "/nonexistent",
-                                  "enable_priority_scheduling": self.priority,
-                                  "context_length": 1000, "max_req_input_len": 999})
-
-    async def _generate(self, request):
-        body = await request.json()
-        self.bodies.append(body)
-        rid, n = body["rid"], body["sampling_params"]["max_new_tokens"]
-        if rid.startswith("http500"):
-            return web.Response(status=500, text="boom")
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            return await self._stream(request, rid, n, len(body["input_ids"]))
-        finally:
-            self.in_flight -= 1
-
-    async def _stream(self, request, rid: str, n: int, prompt: int):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-
-        async def send(obj) -> None:
-            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
-
-        if rid.startswith("toolong"):
-            await send({"error": {"message": "The input is longer than the model's context "
-                                  "length (1000 tokens).", "code": 400}})
-        else:
-            step = 2 if rid.startswith("pairs") else 1
-            for done in range(step, n + step, step):
-                await asyncio.sleep(3.0 if rid.startswith("stall") else self.token_delay)
-                meta = {"completion_tokens": min(done, n), "prompt_tokens": prompt,
-                        "cached_tokens": 0, "queue_time": 0.001, "num_retractions": 0,
-                        "finish_reason": {"type": "length"} if done >= n else None}
-                await send({"meta_info": meta})
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-
-def _text(text: str):
-    async def handler(request):
-        return web.Response(text=text)
-
-    return handler
 
 
 def _workload(rids: list[str], out: int = 4, gap: float = 0.01, conc: int | None = None):
