@@ -25,16 +25,24 @@ COMMAND_MODULES = (
     "servetwin.cmd_calibrate",
     "servetwin.cmd_rl",
 )
+# The module of each command: `servetwin COMMAND ...` imports only that one (start-up
+# time: the live, calibration and RL commands pull in much that `simulate` never uses).
+COMMANDS = {"simulate": "servetwin.cmd_simulate", "perf": "servetwin.cmd_perf",
+            "live": "servetwin.cmd_live", "claims": "servetwin.cmd_claims",
+            "calibrate": "servetwin.cmd_calibrate", "validate": "servetwin.cmd_calibrate",
+            "rl": "servetwin.cmd_rl"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (`command` given) one with only that command's module."""
     parser = argparse.ArgumentParser(
         prog="servetwin",
         description="A digital twin of an SGLang deployment: simulate it, compare it with the "
         "live engine, calibrate it.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -47,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
     if not argv:
         argv = ["simulate"]  # the built-in default: the finance-qa workload
+    parser = build_parser(argv[0])
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "_accepts_extra", False):
         sub = getattr(args, "_parser", parser)

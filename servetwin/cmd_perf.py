@@ -88,7 +88,7 @@ def _count(text: str, flag: str, item: str, zero: bool = False) -> int:
 def run(ns: argparse.Namespace) -> int:
     if ns.list_models:
         return _list_models()
-    from twin.perf import default_backend, make_step_time
+    from twin.perf import default_step_time, make_step_time
 
     args = ServerArgs(
         model_path=ns.model_path, tp_size=ns.tp_size, mem_fraction_static=ns.mem_fraction_static,
@@ -103,8 +103,9 @@ def run(ns: argparse.Namespace) -> int:
         decode = [ns.prompt_len + ns.output_len // 2] * 32
     cap = derive_capacity(args, ns.gpu)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    backend = ns.step_time_backend or default_backend(cap)
-    st = make_step_time(backend, cap, args)
+    st = (make_step_time(ns.step_time_backend, cap, args) if ns.step_time_backend
+          else default_step_time(cap, args))
+    backend = st.name
     parts = st.breakdown(chunks, decode)
     total = st.step_time(chunks, decode)
     per_req = ns.prompt_len + ns.output_len

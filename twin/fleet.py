@@ -38,7 +38,7 @@ from twin.faults import Fault, failover_from
 from twin.metrics import SERIES_FIELDS, SLO, write_records
 from twin.outputs import atomic_write_text, atomic_writer
 from twin.routers import make_router
-from twin.sim import SimConfig, choose_backend, make_replica
+from twin.sim import SimConfig, make_replica, step_time_for
 from twin.source import Source
 from twin.workload import Workload
 
@@ -286,17 +286,9 @@ class Kinds:
     def sglang(self, cfg: SimConfig):
         key = ("sglang", cfg.gpu, cfg.args, cfg.step_time_backend, cfg.calibration)
         if key not in self.cache:
-            from twin.perf import make_step_time
-
             cap = derive_capacity(cfg.args, cfg.gpu)
-            backend = choose_backend(cfg, cap)
-            if cfg.calibration:
-                from twin.perf.fitted import profile_step_time
-
-                st = profile_step_time(cfg.calibration, cap, cfg.args)
-            else:
-                st = make_step_time(backend, cap, cfg.args)
-            self.cache[key] = (cap, st, backend)
+            st = step_time_for(cfg, cap)
+            self.cache[key] = (cap, st, "fitted" if cfg.calibration else st.name)
         return self.cache[key]
 
     def vllm(self, args, gpu: str, backend: str | None):

@@ -17,7 +17,7 @@ from twin.memory import make_allocator
 from twin.memory_stats import memory_summary
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
 from twin.outputs import atomic_write_text, atomic_writer
-from twin.perf import StepTimeModel, make_step_time
+from twin.perf import StepTimeModel, default_step_time, make_step_time
 from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spec
 from twin.policy import build_policy as build_from_spec
 from twin.policy.sglang import CacheAware
@@ -116,15 +116,25 @@ class SimResult:
 
 
 def choose_backend(cfg: SimConfig, cap: Capacity) -> str:
+    """The backend's name for `cfg` (builds the opdb tables when none is asked for: use
+    `step_time_for`, which returns the model it built)."""
     if cfg.calibration:
         return "fitted"
     if cfg.step_time_backend:
         return cfg.step_time_backend
-    try:
-        from twin.perf import default_backend  # provided by the opdb backend when present
-    except ImportError:
-        return "roofline"
-    return default_backend(cap)
+    return step_time_for(cfg, cap).name
+
+
+def step_time_for(cfg: SimConfig, cap: Capacity) -> StepTimeModel:
+    """The step-time model for `cfg`: its calibration profile, the backend it names, or
+    the best backend with data for the setup (built once)."""
+    if cfg.calibration:
+        from twin.perf.fitted import profile_step_time
+
+        return profile_step_time(cfg.calibration, cap, cfg.args)
+    if cfg.step_time_backend:
+        return make_step_time(cfg.step_time_backend, cap, cfg.args)
+    return default_step_time(cap, cfg.args)
 
 
 def make_replica(env: simpy.Environment, cfg: SimConfig,
@@ -132,12 +142,8 @@ def make_replica(env: simpy.Environment, cfg: SimConfig,
                  decider: Decider | None = None) -> tuple[Replica, str]:
     """One simulated server for `cfg`, not yet fed (a `Deployment` feeds it)."""
     cap = derive_capacity(cfg.args, cfg.gpu)
-    backend = choose_backend(cfg, cap)
-    if step_time is None and cfg.calibration:
-        from twin.perf.fitted import profile_step_time
-
-        step_time = profile_step_time(cfg.calibration, cap, cfg.args)
-    st = step_time or make_step_time(backend, cap, cfg.args)
+    st = step_time or step_time_for(cfg, cap)
+    backend = getattr(st, "name", cfg.step_time_backend or "custom")
     policy = decider.policy if decider is not None else build_policy(cfg)
     name = cfg.kv_allocator
     if name == "token" and cfg.args.page_size > 1:
@@ -155,7 +161,7 @@ def make_replica(env: simpy.Environment, cfg: SimConfig,
                   swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes),
                   defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold),
                   decider=decider, ignore_eos=cfg.ignore_eos)
-    return rep, getattr(st, "name", backend)
+    return rep, backend
 
 
 def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,

@@ -21,9 +21,10 @@ import simpy
 from experiments.rl.config import EnvConfig, draw_episode, draw_shapes, preset
 from experiments.rl.episode import Episode, episode_stats
 from twin.config import derive_capacity
-from twin.perf import StepTimeModel, make_step_time
+from twin.perf import StepTimeModel
 from twin.policy.features import feature_names, pass_features
-from twin.sim import build_replica, choose_backend
+from twin.sim import build_replica
+from twin.sim import step_time_for as sim_step_time
 from twin.workload import Workload
 
 
@@ -31,7 +32,7 @@ from twin.workload import Workload
 def step_time_for(cfg: EnvConfig) -> StepTimeModel:
     sim = cfg.deployment.sim_config()
     cap = derive_capacity(sim.args, sim.gpu)
-    return make_step_time(choose_backend(sim, cap), cap, sim.args)
+    return sim_step_time(sim, cap)
 
 
 @lru_cache(maxsize=8)

@@ -59,6 +59,18 @@ def make_step_time(name: str, capacity: Capacity, args: ServerArgs) -> StepTimeM
     return BACKENDS.get(name)(capacity, args)
 
 
+def default_step_time(capacity: Capacity, args: ServerArgs) -> StepTimeModel:
+    """`opdb` where aiconfigurator-core's measured data covers the model, GPU and dtypes,
+    else `roofline`. The opdb tables are built at most once (and then read from the disk
+    cache, twin/perf/table_cache.py), the coverage check included."""
+    from twin.errors import ConfigError
+
+    try:
+        return make_step_time("opdb", capacity, args)
+    except ConfigError:
+        return make_step_time("roofline", capacity, args)
+
+
 def default_backend(capacity: Capacity) -> str:
     """`opdb` where aiconfigurator-core's measured data covers the model, GPU and dtypes,
     else `roofline`. Costs a model compile (under a second); call once per run."""

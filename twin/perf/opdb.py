@@ -28,9 +28,13 @@ A100 PCIe has no data: kernel times are A100 SXM's scaled by the HBM bandwidth r
 from __future__ import annotations
 
 import bisect
+import functools
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -76,6 +80,42 @@ def _grid(lo: int, hi: int, ratio: float, dense_to: int = 0) -> np.ndarray:
     return np.array(sorted(p for p in pts if lo <= p <= hi), dtype=np.int64)
 
 
+_TOKEN_GROUPS = ("gemm", "norms", "allreduce")
+
+
+def _quant(c: Capacity, quantization: str | None) -> dict:
+    from twin.perf import aic
+
+    kv_dtype_bytes = c.kv_bytes_per_token / c.model.kv_bytes_per_token(c.tp_size, 1.0)
+    return aic.quant_modes(c.model, kv_dtype_bytes, quantization)
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    """The table-building code itself is part of the key: an edit rebuilds."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("opdb.py", "aic.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _model_key(m) -> dict:
+    key = {f.name: getattr(m, f.name) for f in fields(m) if f.name != "hf_config"}
+    cfg = json.dumps(dict(m.hf_config), sort_keys=True, default=str)
+    key["hf_config"] = hashlib.sha256(cfg.encode()).hexdigest()[:16]
+    return key
+
+
 def _isotonic(y: np.ndarray) -> np.ndarray:
     """Least-squares non-decreasing fit (running maximum where scipy < 1.12)."""
     try:
@@ -90,20 +130,16 @@ class OpdbStepTime:
 
     def __init__(self, capacity: Capacity, args: ServerArgs,
                  params: OpdbParams | None = None, framework: str = "sglang") -> None:
-        from twin.perf import aic
-
         self.framework = framework
         self.params = p = params or OpdbParams()
         self.capacity = c = capacity
-        m, tp = c.model, c.tp_size
+        m = c.model
         system, self._scale, self.provenance = system_for(c.gpu.name, c.gpu.aiconfigurator_system)
         if system is None:
             raise ConfigError(f"--step-time-backend opdb: aiconfigurator-core has no data for "
                               f"{c.gpu.name}; use --step-time-backend roofline")
-        kv_dtype_bytes = c.kv_bytes_per_token / m.kv_bytes_per_token(tp, 1.0)
-        self.ops = aic.compile_model(m, system, tp, aic.quant_modes(m, kv_dtype_bytes,
-                                                                    args.quantization),
-                                     framework)
+        self._system = system
+        self._quant = _quant(c, args.quantization)
         self._warned: set[str] = set()
         self._graph_bs = 0 if args.disable_cuda_graph else c.cuda_graph_max_bs
         o = p.overhead
@@ -112,27 +148,80 @@ class OpdbStepTime:
         chunk = c.chunked_prefill_size or c.max_prefill_tokens
         self.max_tokens = max(chunk, c.max_prefill_tokens, c.context_len) + c.max_running_requests
         self.max_batch = max(c.max_running_requests, 1)
-        self._build_token_tables()
-        self._build_context_attention()
-        self._build_decode_attention()
+        self.from_cache = self._load_tables()
         self._decode_const: dict[int, tuple[float, np.ndarray]] = {}
 
-    # -- tables ---------------------------------------------------------------------
-    def _build_token_tables(self) -> None:
+    # -- tables: built from aiconfigurator once, then read from the disk cache ----------
+    def cache_key(self) -> dict:
+        """Everything the tables depend on (twin/perf/table_cache.py)."""
+        c = self.capacity
+        return {"code": _code_digest(), "aiconfigurator_core": _version("aiconfigurator-core"),
+                "scipy": _version("scipy"), "numpy": np.__version__,
+                "framework": self.framework, "system": self._system, "scale": self._scale,
+                "gpu": asdict(c.gpu), "model": _model_key(c.model), "tp": c.tp_size,
+                "kv_bytes_per_token": c.kv_bytes_per_token, "quant": self._quant,
+                "max_tokens": self.max_tokens, "max_batch": self.max_batch,
+                "context_len": c.context_len, "params": asdict(self.params)}
+
+    def _load_tables(self) -> bool:
+        """Tables from the disk cache (True), else built and stored (False)."""
+        from twin.perf import table_cache
+
+        key = self.cache_key()
+        hit = table_cache.load("opdb", key)
+        if hit is not None:
+            try:
+                self._set_tables(hit)
+                return True
+            except (KeyError, ValueError, IndexError):
+                log.info("opdb table cache entry incomplete; rebuilding")
+        arrays = self._build_tables()
+        table_cache.store("opdb", key, arrays)
+        self._set_tables(arrays)
+        return False
+
+    def _build_tables(self) -> dict[str, np.ndarray]:
+        from twin.perf import aic
+
+        c = self.capacity
+        self.ops = aic.compile_model(c.model, self._system, c.tp_size, self._quant,
+                                     self.framework)
+        out = self._token_tables()
+        out.update(self._context_attention())
+        out.update(self._decode_attention())
+        e = self.ops.extents
+        out["extents"] = np.array([e.gemm_tokens, e.context_tokens, e.decode_batch,
+                                   e.decode_kv], dtype=np.int64)
+        out["fill_ins"] = np.array(sorted(self.ops.provenance), dtype=str)
+        return out
+
+    def _set_tables(self, t: dict[str, np.ndarray]) -> None:
+        from twin.perf.aic import Extents
+
+        self.tok = {ph: {g: t[f"{ph}_{g}"] for g in _TOKEN_GROUPS} for ph in ("ctx", "gen")}
+        self.head = t["head"]
+        self.tok_ctx = sum(self.tok["ctx"].values())
+        self.tok_gen = sum(self.tok["gen"].values())
+        self.cn, self.cp, self.ctx_table = t["cn"], t["cp"], t["ctx_table"]
+        self._cn_list, self._cp_list = self.cn.tolist(), self.cp.tolist()
+        self.db, self.ds, self.dec_table = t["db"], t["ds"], t["dec_table"]
+        self.extents = Extents(*(int(x) for x in t["extents"]))
+        self.fill_ins = tuple(str(x) for x in t["fill_ins"])
+
+    def _token_tables(self) -> dict[str, np.ndarray]:
         grid = _grid(1, self.max_tokens, 2 ** (1 / 8), dense_to=256)
         dense = np.arange(self.max_tokens + 1)
-        self.tok: dict[str, dict[str, np.ndarray]] = {"ctx": {}, "gen": {}}
-        for group in ("gemm", "norms", "allreduce"):
+        out = {}
+        for group in _TOKEN_GROUPS:
             ctx = np.array([self.ops.ctx(group, int(t)) for t in grid])
             gen = np.array([self.ops.gen(group, int(t), 1) for t in grid])
             if group == "allreduce":
                 ctx, gen = self._reprice_allreduce(grid, ctx), self._reprice_allreduce(grid, gen)
             for phase, vals in (("ctx", ctx), ("gen", gen)):
-                self.tok[phase][group] = self._dense(grid, vals, dense, group != "allreduce")
+                out[f"{phase}_{group}"] = self._dense(grid, vals, dense, group != "allreduce")
         head = np.array([self.ops.gen("lm_head", int(t), 1) for t in grid])
-        self.head = self._dense(grid, head, dense, True)
-        self.tok_ctx = sum(self.tok["ctx"].values())
-        self.tok_gen = sum(self.tok["gen"].values())
+        out["head"] = self._dense(grid, head, dense, True)
+        return out
 
     def _dense(self, grid: np.ndarray, vals: np.ndarray, dense: np.ndarray,
                kernel: bool) -> np.ndarray:
@@ -155,24 +244,23 @@ class OpdbStepTime:
         extra = 2 * c.model.num_layers * ring * (1 / c.gpu.link_bw - 1 / nvlink_bw) / eff
         return vals * self._scale + extra
 
-    def _build_context_attention(self) -> None:
-        self.cn = _grid(1, self.max_tokens, 2 ** 0.5, dense_to=4)
-        self.cp = np.concatenate([[0], _grid(64, max(self.capacity.context_len, 64), 2 ** 0.5)])
-        table = np.array([[self.ops.ctx("attention", int(n), int(pre)) for pre in self.cp]
-                          for n in self.cn]) * self._scale
+    def _context_attention(self) -> dict[str, np.ndarray]:
+        cn = _grid(1, self.max_tokens, 2 ** 0.5, dense_to=4)
+        cp = np.concatenate([[0], _grid(64, max(self.capacity.context_len, 64), 2 ** 0.5)])
+        table = np.array([[self.ops.ctx("attention", int(n), int(pre)) for pre in cp]
+                          for n in cn]) * self._scale
         if self.params.smooth:
             table = np.maximum.accumulate(np.maximum.accumulate(table, axis=0), axis=1)
-        self.ctx_table = table
-        self._cn_list, self._cp_list = self.cn.tolist(), self.cp.tolist()
+        return {"cn": cn, "cp": cp, "ctx_table": table}
 
-    def _build_decode_attention(self) -> None:
-        self.db = _grid(1, self.max_batch, 2 ** (1 / 8), dense_to=64)
-        self.ds = _grid(1, max(self.capacity.context_len, 2), 2 ** 0.25, dense_to=4).astype(float)
-        table = np.array([[self.ops.gen("attention", int(b), int(s)) for s in self.ds]
-                          for b in self.db]) * self._scale
+    def _decode_attention(self) -> dict[str, np.ndarray]:
+        db = _grid(1, self.max_batch, 2 ** (1 / 8), dense_to=64)
+        ds = _grid(1, max(self.capacity.context_len, 2), 2 ** 0.25, dense_to=4).astype(float)
+        table = np.array([[self.ops.gen("attention", int(b), int(s)) for s in ds]
+                          for b in db]) * self._scale
         if self.params.smooth:
             table = np.maximum.accumulate(np.maximum.accumulate(table, axis=0), axis=1)
-        self.dec_table = table
+        return {"db": db, "ds": ds, "dec_table": table}
 
     # -- lookups --------------------------------------------------------------------
     def _tokens(self, table: np.ndarray, m: int, what: str) -> float:
@@ -184,9 +272,9 @@ class OpdbStepTime:
         return float(table[last] + (table[last] - table[last - 1]) * (m - last))
 
     def _ctx_attention(self, n: int, pre: int) -> float:
-        if n + pre > self.ops.extents.context_tokens:
+        if n + pre > self.extents.context_tokens:
             self._warn("ctx", f"context attention at {n + pre} tokens is beyond "
-                       f"aiconfigurator's measured {self.ops.extents.context_tokens}: "
+                       f"aiconfigurator's measured {self.extents.context_tokens}: "
                        "its values there are extrapolated")
         i = min(max(bisect.bisect_right(self._cn_list, n) - 1, 0), len(self._cn_list) - 2)
         j = min(max(bisect.bisect_right(self._cp_list, pre) - 1, 0), len(self._cp_list) - 2)
@@ -219,16 +307,16 @@ class OpdbStepTime:
             const = (self._tokens(self.tok_gen, rows, "decode tokens")
                      + self._tokens(self.head, rows, "lm head")
                      + (self._graph if graph else self._eager))
-            if b > self.ops.extents.decode_batch:
+            if b > self.extents.decode_batch:
                 self._warn("dbatch", f"decode batch {b} is beyond aiconfigurator's measured "
-                           f"{self.ops.extents.decode_batch}: extrapolated")
+                           f"{self.extents.decode_batch}: extrapolated")
             hit = self._decode_const[b] = (const, self._decode_row(b))
         return hit
 
     def _check_kv(self, mean_kv: float) -> None:
-        if mean_kv > self.ops.extents.decode_kv:
+        if mean_kv > self.extents.decode_kv:
             self._warn("dkv", f"decode KV length {mean_kv:.0f} is beyond aiconfigurator's "
-                       f"measured {self.ops.extents.decode_kv}: extrapolated")
+                       f"measured {self.extents.decode_kv}: extrapolated")
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -286,7 +374,7 @@ class OpdbStepTime:
 
     def describe(self) -> str:
         c = self.capacity
-        extra = f"; {', '.join(sorted(self.ops.provenance))} fill-ins" if self.ops.provenance else ""
+        extra = f"; {', '.join(self.fill_ins)} fill-ins" if self.fill_ins else ""
         engine = "SGLang" if self.framework == "sglang" else "vLLM"
         return (f"opdb (aiconfigurator-core per-op data, {engine}) on {c.gpu.name} x{c.tp_size} "
                 f"({c.model.name}): {self.provenance}{extra}; decode KV folded by its mean; "
