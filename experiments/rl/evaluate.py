@@ -17,6 +17,7 @@ from experiments.rl.config import EnvConfig, draw_episode
 from experiments.rl.env import capacity_of, step_time_for
 from experiments.rl.episode import episode_stats, run_policy
 from twin.policy import Policy, PolicySpec, build_policy
+from twin.policy.deadline import WITHHOLD
 from twin.workload import Workload
 
 #: held-out evaluation seeds start here (training draws its episodes from seeds below)
@@ -34,13 +35,18 @@ def episode_workload(cfg: EnvConfig, seed: int, options: dict | None = None) -> 
 
 def heuristic_specs(cfg: EnvConfig) -> dict[str, PolicySpec]:
     """Every heuristic in the registry by a label: SGLang's policies, `priority`, the
-    users' `slices` in each mode, and each menu rule alone (`menu:RULE`, with the SLO
+    users' `slices` in each mode, `deadline` in each withholding mode (with the chunk
+    cap: live, a server started with --schedule-policy shortest-prefill-first), and each
+    menu rule alone (`menu:RULE`, with the SLO
     targets of `cfg`; also `menu:RULE+cap` when `cfg.chunk_cap`)."""
     specs = {n: PolicySpec(n) for n in ("fcfs", "lof", "lpm", "hrrn", "dfs-weight",
                                         "shortest-prefill-first", "random", "priority")}
     for mode in ("conservative", "moderate", "aggressive"):
         specs[f"slices:{mode}"] = PolicySpec("slices", {"mode": mode})
     t = cfg.targets.to_json()
+    for mode in WITHHOLD:  # deadline-aware admission, with SGLang's spf chunk cap
+        specs[f"deadline:{mode}"] = PolicySpec("deadline", {"withhold": mode, **t,
+                                                            "chunk_cap": True})
     for rule in cfg.menu:
         specs[f"menu:{rule}"] = PolicySpec("menu", {"rule": rule, **t})
         if cfg.chunk_cap:  # the learned policy's own setting, for each rule alone

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 _MODULES = ("twin.policy.sglang", "twin.policy.slices", "twin.policy.menu",
-            "twin.policy.learned")
+            "twin.policy.deadline", "twin.policy.learned")
 #: weight files shipped with the package, named by `learned:NAME`
 DATA_DIR = Path(__file__).parent / "data"
 LEARNED_PREFIX = "learned:"

@@ -1,0 +1,71 @@
+"""The deadline-aware admission policy (twin/policy/deadline.py): Moore-Hodgson, the
+order by group, what each `withhold` mode holds back, and the policy contract."""
+
+from __future__ import annotations
+
+from twin.policy import Plan, RequestView, Snapshot, build_policy, spec_from_dict
+from twin.policy.check import check_policy, validate_plan
+from twin.policy.deadline import WITHHOLD, DeadlinePolicy, moore_hodgson, prefill_s
+
+
+def test_moore_hodgson_keeps_the_most_jobs_on_time():
+    # (deadline, duration, key): EDF alone would finish only a (then b, c late)
+    kept, late = moore_hodgson([(10, 8, 0), (12, 5, 1), (13, 5, 2)], start=0)
+    assert kept == [1, 2] and late == [0]
+    assert moore_hodgson([(5, 1, 0), (6, 1, 1)], 0) == ([0, 1], [])
+
+
+def test_prefill_model_grows_with_context():
+    m = (8192, 0.0, 1e-4, 1e-9)
+    assert prefill_s(0, 0, *m) == 0.0
+    assert prefill_s(1000, 50_000, *m) > prefill_s(1000, 0, *m)
+
+
+def req(rid, prompt, arrival, running=False, first=None):
+    return RequestView(rid=rid, prompt_tokens=prompt, arrival_s=arrival, queue_entry_s=arrival,
+                       max_new_tokens=100, generated_tokens=5 if running else 0,
+                       first_token_s=first)
+
+
+def snap(now, waiting, running=()):
+    return Snapshot(now=now, waiting=tuple(waiting), running=tuple(running),
+                    kv_capacity=300_000, kv_free=300_000)
+
+
+# a short question (deadline 101.5), a document that can make it (20k tokens: target
+# 11.5 s, about 4.5 s of prefill) and one that cannot (arrived 200 s ago)
+QUEUE = [req("doc-ok", 20_000, 99.0), req("short", 300, 100.0), req("doc-late", 30_000, -100.0)]
+RUNNING = [req("run", 200, 90.0, running=True, first=91.0)]
+
+
+def test_order_shorts_then_kept_then_hopeless_documents():
+    pol = DeadlinePolicy(withhold="none")
+    plan = pol.decide(snap(100.0, QUEUE, RUNNING))
+    assert plan.order == (1, 0, 2) and plan.admit is None
+
+
+def test_what_each_mode_withholds():
+    s = snap(100.0, QUEUE, RUNNING)
+    admit = {m: DeadlinePolicy(withhold=m).decide(s).admit for m in WITHHOLD}
+    # hopeless: the late document waits; documents / laxity: both wait while a short runs
+    assert admit == {"none": None, "hopeless": 2, "documents": 1, "laxity": 1}
+    # laxity: once the kept document's slack is down to the margin it starts
+    late_now = snap(104.5, QUEUE, RUNNING)
+    assert DeadlinePolicy(withhold="laxity").decide(late_now).admit == 2
+    # an idle server serves everything, in every mode
+    idle = snap(100.0, QUEUE)
+    assert all(DeadlinePolicy(withhold=m).decide(idle).admit is None for m in WITHHOLD)
+
+
+def test_every_mode_keeps_the_contract():
+    for m in WITHHOLD:
+        pol = build_policy(spec_from_dict({"name": "deadline", "params": {"withhold": m}}))
+        assert check_policy(pol) > 0
+
+
+def test_validate_plan_refuses_withholding_everything_from_an_idle_server():
+    s = snap(100.0, QUEUE)
+    assert validate_plan(s, Plan(order=(0, 1, 2), admit=0))
+    assert validate_plan(s, Plan(order=(0, 1, 2), admit=4))
+    assert validate_plan(s, Plan(order=(0, 1, 2), admit=1)) is None
+    assert validate_plan(snap(100.0, QUEUE, RUNNING), Plan(order=(0, 1, 2), admit=0)) is None
