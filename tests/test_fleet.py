@@ -181,13 +181,35 @@ def test_vllm_prefix_cache_hits_whole_blocks_of_a_finished_request():
 
 
 def test_vllm_recompute_preemption_of_the_newest_request_when_blocks_run_out():
-    # 8 blocks (128 tokens): A 60 + B 60 take 8 blocks (4 each) at t=0..; decoding past 64
-    # tokens needs a 5th block for A: the newest running request (B) is preempted
+    # 9 blocks, the first is vLLM's null block: 8 hold 128 tokens. A 60 + B 60 take 8
+    # blocks (4 each) at t=0..; decoding past 64 tokens needs a 5th block for A: the
+    # newest running request (B) is preempted
     reqs = [req("A", 0.0, 60, 10), req("B", 0.5, 60, 10)]
-    res = run_deployment(build(reqs, engines=("vllm",), vllm_blocks=8))
+    res = run_deployment(build(reqs, engines=("vllm",), vllm_blocks=9))
     recs = by_rid(res)
     assert recs["B"]["preemptions"] >= 1 and recs["A"]["preemptions"] == 0
     assert all(r["status"] == "ok" for r in recs.values())
+
+
+def test_vllm_admits_a_waiting_request_only_if_its_whole_prompt_fits():
+    # 8 usable blocks of 16: A (60 tokens, 4 blocks) runs; B (70 tokens, 5 blocks) would
+    # get its first 64-token chunk (4 blocks), but vLLM 0.32 checks the whole sequence
+    # (scheduler_reserve_full_isl): B waits for A to finish and is never preempted
+    reqs = [req("A", 0.0, 60, 3), req("B", 0.5, 70, 2)]
+    recs = by_rid(run_deployment(build(reqs, engines=("vllm",), vllm_blocks=9)))
+    # A: prefill 0-2, decodes to 4; B admitted at 4, prefilled in two chunks (64 + 6): 8
+    assert recs["A"]["e2e_s"] == 4.0 and recs["B"]["arrival_s"] + recs["B"]["ttft_s"] == 8.0
+    assert recs["A"]["preemptions"] == recs["B"]["preemptions"] == 0
+
+
+def test_vllm_a_request_admitted_in_the_same_step_hits_blocks_being_computed():
+    # A and B share 32 tokens (2 blocks) and arrive together: A's blocks are cached when
+    # they are scheduled, so B, admitted after A in the same step, hits them
+    shared = (7, 32)
+    res = run_deployment(build([req("A", 0.0, [shared, (1, 10)], 2),
+                                req("B", 0.0, [shared, (2, 10)], 2)], engines=("vllm",)))
+    recs = by_rid(res)
+    assert recs["A"]["cached_tokens"] == 0 and recs["B"]["cached_tokens"] == 32
 
 
 def test_fleet_runs_are_byte_identical_for_a_seed():

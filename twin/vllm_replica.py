@@ -12,13 +12,18 @@ vllm-project/vllm at 00024d3) and its KV cache manager:
   tokens to 0 and goes back to the front of the waiting queue, to be recomputed (prompt
   plus outputs); if it was itself the victim it stops there;
 - WAITING requests next, only if nothing was preempted this step, while budget remains and
-  fewer than `max_num_seqs` run: prefix-cache hit in whole 16-token blocks (at most
-  tokens - 1, so one token is computed), then `allocate_slots` for the rest of its chunk;
-  a refusal stops admission for the step;
-- prefix caching: a full block is cached by the hash of its tokens and its parent's; a
+  fewer than `max_num_seqs` run: prefix-cache hit in whole blocks (`block_size`: 16 on
+  GPUs, 128 on CPUs; at most tokens - 1, so one token is computed), then `allocate_slots`
+  for the rest of its chunk, admitted only if the blocks for its whole sequence so far
+  fit (`scheduler_reserve_full_isl`, on by default in 0.32); a refusal stops admission
+  for the step;
+- prefix caching: a full block is cached by the hash of its tokens and its parent's when
+  its tokens are scheduled (`allocate_slots` caches up to computed + scheduled tokens), so
+  a request admitted later in the same step already hits a block being computed; a
   freed block goes to the tail of the free queue (a request's blocks in reverse order)
   keeping its hash until it is reused from the head (LRU); a hit on a free block takes it
-  out of the queue; a block whose hash is already cached is not cached twice.
+  out of the queue; a block whose hash is already cached is not cached twice;
+- the pool's first block is vLLM's null block: `num_blocks - 1` hold tokens.
 - requests whose prompt plus `max_tokens` exceed `max_model_len` are refused (HTTP 400).
 
 Step times come from the same backends as SGLang's (aiconfigurator-core's vLLM tables with
@@ -149,7 +154,8 @@ class VllmReplica(Inbox):
         self.env, self.args, self.cap, self.st, self.feed = env, args, cap, step_time, feed
         self.name = "vllm"
         self.horizon, self.debug = horizon_s, debug_checks
-        self.n_blocks = cap.max_total_num_tokens // args.block_size
+        self.bs = args.block_size
+        self.n_blocks = cap.max_total_num_tokens // args.block_size - 1  # minus the null block
         self.max_len = cap.context_len
         self._inbox: list[tuple[float, Request]] = []
         self._wake = env.event()
@@ -214,7 +220,7 @@ class VllmReplica(Inbox):
                 r = self.waiting.popleft()  # cannot fit an empty pool: never after start-up
                 self._free(r)
                 self._leave(r, "aborted", f"needs {r.prompt_tokens + r.generated_tokens} "
-                            f"tokens of KV, the pool has {self.n_blocks * BLOCK}")
+                            f"tokens of KV, the pool has {self.n_blocks * self.bs}")
                 continue
             if not self.waiting and not self.running and self.feed.done():
                 break
@@ -249,6 +255,7 @@ class VllmReplica(Inbox):
                     break
             if not ok:
                 break
+            self._cache_full_blocks(r, r.computed + n)
             sched.append((r, n))
             budget -= n
             i += 1
@@ -257,13 +264,14 @@ class VllmReplica(Inbox):
             while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
                 r = self.waiting[0]
                 hits = self._hits(r) if r.computed == 0 else []
-                start = len(hits) * BLOCK if r.computed == 0 else r.computed
+                start = len(hits) * self.bs if r.computed == 0 else r.computed
                 n = self._chunk(r, start, budget)
-                if not self._allocate(r, start, n, hits):
+                if not (self._whole_fits(r, hits) and self._allocate(r, start, n, hits)):
                     blocked_by_kv = True
                     break
                 self.waiting.popleft()
                 self._admit(r, start, len(hits))
+                self._cache_full_blocks(r, start + n)
                 sched.append((r, n))
                 budget -= n
         calm = not preempted and (not self.waiting or blocked_by_kv
@@ -323,7 +331,6 @@ class VllmReplica(Inbox):
         end = self.env.now
         for r, n in sched:
             r.computed += n
-            self._cache_full_blocks(r)
             if r.computed >= r.prompt_tokens + r.generated_tokens:
                 r.generated_tokens += 1
                 r.tok_events.append(end)
@@ -345,7 +352,7 @@ class VllmReplica(Inbox):
         return k
 
     def _blocks_needed(self, k: int) -> int:
-        return sum(-(-(r.computed + k) // BLOCK) - len(self.blocks[r.index])
+        return sum(-(-(r.computed + k) // self.bs) - len(self.blocks[r.index])
                    for r in self.running)
 
     def _next_boundary(self) -> float | None:
@@ -379,7 +386,7 @@ class VllmReplica(Inbox):
             r.computed += k
         yield self.env.timeout(dur)
         for r in self.running:
-            self._cache_full_blocks(r)
+            self._cache_full_blocks(r, r.computed)
         self._finish_done(self.env.now)
 
     # ---- KV blocks and the prefix cache ------------------------------------------------
@@ -388,15 +395,15 @@ class VllmReplica(Inbox):
         hit = self._keys.get(r.index)
         if hit is not None:
             return hit
-        keys, prev, pieces, filled = [], 0, [], 0
+        keys, prev, pieces, filled, bs = [], 0, [], 0, self.bs
         for h, n in r.req.segments:
             off = 0
             while off < n:
-                take = min(n - off, BLOCK - filled)
+                take = min(n - off, bs - filled)
                 pieces.append((h, off, take))
                 off += take
                 filled += take
-                if filled == BLOCK:
+                if filled == bs:
                     prev = hash((prev, tuple(pieces)))
                     keys.append(prev)
                     pieces, filled = [], 0
@@ -406,7 +413,7 @@ class VllmReplica(Inbox):
     def _hits(self, r: SimRequest) -> list:
         if not self.args.enable_prefix_caching:
             return []
-        limit = (r.prompt_tokens + r.generated_tokens - 1) // BLOCK
+        limit = (r.prompt_tokens + r.generated_tokens - 1) // self.bs
         keys = self._prompt_keys(r)
         out = []
         for b in range(limit):  # a recomputed request also finds its own output blocks
@@ -418,7 +425,7 @@ class VllmReplica(Inbox):
 
     def _allocate(self, r: SimRequest, computed: int, n: int, hits: list) -> bool:
         held = self.blocks[r.index]
-        new = -(-(computed + n) // BLOCK) - len(held) - len(hits)
+        new = -(-(computed + n) // self.bs) - len(held) - len(hits)
         cost = max(new, 0) + sum(1 for key in hits if key in self.free_q)
         if cost > self.n_free:
             return False
@@ -437,11 +444,19 @@ class VllmReplica(Inbox):
             held.append(("p", self._tag))
         return True
 
-    def _cache_full_blocks(self, r: SimRequest) -> None:
+    def _whole_fits(self, r: SimRequest, hits: list) -> bool:
+        """`allocate_slots(full_sequence_must_fit=True)` for a waiting request: the blocks
+        of its whole sequence so far (prompt plus outputs), hits reused, fit the free ones."""
+        need = -(-(r.prompt_tokens + r.generated_tokens) // self.bs) - len(hits)
+        return need + sum(1 for key in hits if key in self.free_q) <= self.n_free
+
+    def _cache_full_blocks(self, r: SimRequest, upto: int) -> None:
+        """Cache the full blocks among the first `upto` tokens (vLLM's `cache_blocks`)."""
         if not self.args.enable_prefix_caching:
             return
         held = self.blocks[r.index]
-        full = min(r.computed // BLOCK, len(held))
+        upto = min(upto, r.prompt_tokens + r.generated_tokens)
+        full = min(upto // self.bs, len(held))
         first = self._upto.get(r.index, 0)
         if full <= first:
             return
@@ -542,9 +557,9 @@ class VllmReplica(Inbox):
     def _sample(self, now: float) -> None:
         if now < self._next_sample:
             return
-        used = (self.n_blocks - self.n_free) * BLOCK
+        used, bs = (self.n_blocks - self.n_free) * self.bs, self.bs
         self.series.append((round(now, 6), len(self.running), len(self.waiting), used, used,
-                            self.n_free * BLOCK, len(self.hashed) * BLOCK, None))
+                            self.n_free * bs, len(self.hashed) * bs, None))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
 
     @property
