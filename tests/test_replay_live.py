@@ -7,12 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_replay_faults import wait_for_line
 
 from runtime.client import ReplayConfig, replay
 from runtime.server_api import probe, twin_server_args
@@ -163,36 +166,68 @@ def test_ctrl_c_writes_what_was_collected(sglang_server, tmp_path):
     out = tmp_path / "interrupted"
     proc = _replay_process(sglang_server.url, out, "arrival=poisson,rate=3,n=200,"
                            "prompt=fixed:30,output=fixed:16")
-    time.sleep(6)
+    wait_for_line(proc, "sent ")  # the first progress line: the replay is under way
+    _wait_for_finished_requests(sglang_server.url, 1, since=_finished(sglang_server.url))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+    assert proc.returncode == 130, err
     assert "interrupted (Ctrl-C)" in err
     recs = read_records(out / "requests.jsonl")
     meta = json.loads((out / "replay.json").read_text())
-    assert 0 < len(recs) == meta["sent"] < 200
-    assert len({r["rid"] for r in recs}) == len(recs)
+    assert len(recs) == len({r["rid"] for r in recs}) == 200  # every request, once
+    assert 0 < meta["sent"] < 200
+    assert {r["status"] for r in recs} <= {"ok", "aborted"} and "ok" in {
+        r["status"] for r in recs}
+    assert sum(r["status"] == "aborted" for r in recs) >= meta["not_sent"]
+    assert json.loads((out / "summary.json").read_text())["partial"]["sent"] == meta["sent"]
 
 
-def test_server_killed_mid_run(tmp_path, monkeypatch):
+def test_server_stalled_then_killed_mid_run(tmp_path, monkeypatch):
+    """One server, two faults. Stalled (SIGSTOP: connections still accepted by the
+    kernel, nothing answered): the replay ends after one liveness check, the requests in
+    flight fail with the reason, the rest are aborted. Killed (SIGKILL) in a second
+    replay: the first connection error and /health end it; every request recorded once."""
     from runtime.cpu.serve import CpuServer
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see docs/live.md, "CPU threads"
     out = tmp_path / "killed"
+    work = get_workload("arrival=poisson,rate=2,n=60,prompt=fixed:40,output=fixed:24", 3)
+    cfg = ReplayConfig(url="", max_lateness_s=60.0, request_timeout_s=120.0, stall_s=3.0,
+                       health_timeout_s=5.0)
     with CpuServer(log_path=tmp_path / "server.log") as server:
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(
+            replay(work, replace(cfg, url=server.url))))
+        before = _finished(server.url)
+        thread.start()
+        _wait_for_finished_requests(server.url, 2, since=before)
+        os.killpg(server.pid, signal.SIGSTOP)  # hung: accepts, never answers
+        thread.join(timeout=100)  # bounded: 3 s quiet + 5 s check + 2 x 5 s snapshots
+        os.killpg(server.pid, signal.SIGCONT)
+        assert not thread.is_alive()
+        stalled = done[0]
+        assert "GET /health_generate: no answer in 5 s" in stalled.stop_reason
+        recs = {r["rid"]: r for r in stalled.records}
+        assert sorted(recs) == sorted(r.rid for r in work.requests)
+        sent = [r for r in recs.values() if not (r["error"] or "").startswith("not sent")]
+        assert len(sent) == stalled.meta["sent"] < 60
+        assert any(r["status"] == "ok" for r in sent)
+        assert any(r["status"] == "failed" and "stopped answering" in r["error"] for r in sent)
+
         proc = _replay_process(server.url, out, "arrival=poisson,rate=1,n=120,"
                                "prompt=fixed:40,output=fixed:8")
-        _wait_for_finished_requests(server.url, 2)
+        wait_for_line(proc, "sent ")
+        _wait_for_finished_requests(server.url, 2, since=_finished(server.url))
         os.killpg(server.pid, signal.SIGKILL)  # the server dies, not politely
         _, err = proc.communicate(timeout=180)
     assert proc.returncode == 2, err
     assert "stopped answering mid-run" in err
     recs = read_records(out / "requests.jsonl")
     meta = json.loads((out / "replay.json").read_text())
-    assert len({r["rid"] for r in recs}) == len(recs) == meta["sent"] < 120
-    assert meta["sent"] + meta["not_sent"] == 120
+    assert len({r["rid"] for r in recs}) == len(recs) == 120
+    assert meta["sent"] + meta["not_sent"] == 120 and meta["sent"] < 120
     statuses = {r["status"] for r in recs}
-    assert "ok" in statuses and "failed" in statuses
+    assert "ok" in statuses and "failed" in statuses and "aborted" in statuses
     assert "unavailable" in json.loads((out / "server_info_after.json").read_text())
     assert all(r["error"] for r in recs if r["status"] != "ok")
 
@@ -216,15 +251,21 @@ def test_priority_is_sent_when_the_server_schedules_by_it(tmp_path, monkeypatch)
     assert queue[20] < queue[0]
 
 
-def _wait_for_finished_requests(url: str, n: int, timeout: float = 120.0) -> None:
-    """Until the server's /metrics counts `n` finished requests."""
+def _finished(url: str) -> float:
+    """Requests the server has finished so far (its /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang:e2e_request_latency_seconds_count"))
+
+
+def _wait_for_finished_requests(url: str, n: int, timeout: float = 120.0,
+                                since: float = 1.0) -> None:
+    """Until the server's /metrics counts `n` finished requests more than `since` (by
+    default: the readiness check's own /generate)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-        done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("sglang:e2e_request_latency_seconds_count"))
-        if done >= n + 1:  # + the readiness check's own /generate
+        if _finished(url) >= n + since:
             return
         time.sleep(0.5)
     raise AssertionError(f"the server did not finish {n} requests in {timeout} s")
