@@ -76,6 +76,9 @@ class EnvConfig:
     #: SGLang's shortest-prefill-first chunk cap on top of every order (live: a server
     #: started with --schedule-policy shortest-prefill-first)
     chunk_cap: bool = False
+    #: the plan rules' prefill model [s_per_chunk, s_per_token, s_per_token_ctx, chunk]
+    #: (twin/policy/deadline.py; None: fitted to the users' deployment)
+    prefill: tuple[float, float, float, int] | None = None
     #: requests per second at 100 % load; None: measured (saturated closed loop, fcfs)
     capacity_rps: float | None = None
     #: passes sooner than this after the agent's last decision keep its last choice
@@ -95,6 +98,7 @@ class EnvConfig:
         return cls(deployment=DeploymentSpec(**d["deployment"]), family=FamilySpec(**fam),
                    targets=SloTargets.from_json(d["targets"]), menu=tuple(d["menu"]),
                    k_slots=d["k_slots"], chunk_cap=d.get("chunk_cap", False),
+                   prefill=tuple(d["prefill"]) if d.get("prefill") else None,
                    capacity_rps=d["capacity_rps"],
                    min_gap_s=d["min_gap_s"], drain_factor=d["drain_factor"])
 
@@ -106,8 +110,11 @@ TINY = EnvConfig(
                       template_tokens=1024),
     targets=SloTargets(ttft_s=0.5, tpot_s=0.05, doc_tokens=3000,
                        doc_ttft_s_per_token=1e-4))
+#: the menu with admission control: spf's order and the deadline policy's four modes
+HOLD_MENU = ("spf", "deadline", "hold-hopeless", "laxity", "hold-documents")
 PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=True),
-           "tiny": TINY}
+           "finance-qa-hold": EnvConfig(menu=HOLD_MENU, chunk_cap=True),
+           "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True)}
 
 
 def preset(name: str, **changes) -> EnvConfig:

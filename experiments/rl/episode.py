@@ -26,7 +26,7 @@ from twin.metrics import twin_records
 from twin.perf import StepTimeModel
 from twin.policy import Plan, Policy, Snapshot
 from twin.policy.features import SloTargets
-from twin.policy.menu import RULES
+from twin.policy.menu import prefill_params, rule_plan
 from twin.policy.sglang import ShortestPrefillFirst
 from twin.replica import Replica
 from twin.sim import build_replica
@@ -82,22 +82,23 @@ class HeldChoice(Policy):
     name = "held-choice"
 
     def __init__(self, menu: tuple[str, ...], targets: SloTargets,
-                 chunk_cap: bool = False) -> None:
+                 chunk_cap: bool = False, prefill: list | None = None) -> None:
         super().__init__()
         self.menu, self.targets, self.choice = menu, targets, 0
+        self.prefill = prefill_params(prefill)
         if chunk_cap:
             self.chunk_limit = ShortestPrefillFirst.chunk_limit
 
     def wants_prefix_match(self, n_waiting: int) -> bool:
         return True
 
-    def order(self, snap: Snapshot) -> list[int]:
-        return self.rule_order(snap, self.choice)
+    def decide(self, snap: Snapshot) -> Plan:
+        if snap.candidate is not None:
+            return Plan(victims=())
+        return self.rule_plan(snap, self.choice)
 
-    def rule_order(self, snap: Snapshot, choice: int) -> list[int]:
-        if len(snap.waiting) < 2:
-            return list(range(len(snap.waiting)))
-        return RULES[self.menu[choice]](snap, self.targets)
+    def rule_plan(self, snap: Snapshot, choice: int) -> Plan:
+        return rule_plan(self.menu[choice], snap, self.targets, self.prefill)
 
 
 def horizon(cfg: EnvConfig, wl: Workload, capacity_rps: float) -> float:
@@ -112,7 +113,7 @@ class Episode:
                  capacity_rps: float) -> None:
         self.cfg = cfg
         self.env = simpy.Environment()
-        self.held = HeldChoice(cfg.menu, cfg.targets, cfg.chunk_cap)
+        self.held = HeldChoice(cfg.menu, cfg.targets, cfg.chunk_cap, cfg.prefill)
         self.decider = AgentDecider(self.env, self.held, takes=self._takes)
         sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
         self.rep, _ = build_replica(self.env, wl, sim, step_time, decider=self.decider)
@@ -128,8 +129,8 @@ class Episode:
             return False
         if self._last_t is not None and snap.now - self._last_t < self.cfg.min_gap_s:
             return False
-        first = self.held.rule_order(snap, 0)
-        return any(self.held.rule_order(snap, c) != first for c in range(1, len(self.cfg.menu)))
+        first = self.held.rule_plan(snap, 0)
+        return any(self.held.rule_plan(snap, c) != first for c in range(1, len(self.cfg.menu)))
 
     def advance(self) -> tuple[Snapshot | None, float]:
         """Run to the next question (or the end); the question and the reward since."""
@@ -145,7 +146,7 @@ class Episode:
         self.held.choice = int(action)
         self._last_t = snap.now
         self.decisions += 1
-        self.decider.answer(Plan(order=tuple(self.held.rule_order(snap, int(action)))))
+        self.decider.answer(self.held.rule_plan(snap, int(action)))
 
     def records(self) -> list[dict]:
         return twin_records(self.rep.finished, self.rep.step_end)

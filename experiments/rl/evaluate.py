@@ -18,6 +18,7 @@ from experiments.rl.env import capacity_of, step_time_for
 from experiments.rl.episode import episode_stats, run_policy
 from twin.policy import Policy, PolicySpec, build_policy
 from twin.policy.deadline import WITHHOLD
+from twin.policy.menu import PLAN_RULES, prefill_params
 from twin.workload import Workload
 
 #: held-out evaluation seeds start here (training draws its episodes from seeds below)
@@ -46,8 +47,9 @@ def heuristic_specs(cfg: EnvConfig) -> dict[str, PolicySpec]:
     t = cfg.targets.to_json()
     for mode in WITHHOLD:  # deadline-aware admission, with SGLang's spf chunk cap
         specs[f"deadline:{mode}"] = PolicySpec("deadline", {"withhold": mode, **t,
+                                                            **prefill_params(cfg.prefill),
                                                             "chunk_cap": True})
-    for rule in cfg.menu:
+    for rule in (r for r in cfg.menu if r not in PLAN_RULES):  # those are deadline:*
         specs[f"menu:{rule}"] = PolicySpec("menu", {"rule": rule, **t})
         if cfg.chunk_cap:  # the learned policy's own setting, for each rule alone
             specs[f"menu:{rule}+cap"] = PolicySpec("menu", {"rule": rule, **t,

@@ -9,8 +9,9 @@ Two kinds, told apart by the weight file's metadata (`kind`):
   each credited with its future reservation, as SGLang credits victims).
 - `selector` (what `servetwin rl train` exports): the network reads the pass's features
   (`twin.policy.features.pass_features`, with the SLO targets stored in the file) and its
-  largest output picks one queue order from the menu (`twin.policy.menu`) for this pass.
-  It never preempts. With `chunk_cap` in the metadata it also caps the running chunked
+  largest output picks one rule from the menu (`twin.policy.menu`) for this pass: a
+  queue order, or an order with admission withheld (`Plan.admit`; the plan rules, with
+  the prefill model in the metadata's `prefill`). It never preempts. With `chunk_cap` in the metadata it also caps the running chunked
   prefill as SGLang's shortest-prefill-first does (twin/policy/menu.py).
 
 Weights come from a safetensors file (read here with numpy: an 8-byte header length, a
@@ -29,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from twin.policy.base import Policy, RequestView, Snapshot
+from twin.policy.base import Plan, Policy, RequestView, Snapshot
 from twin.policy.features import K_SLOTS, SloTargets, feature_names, pass_features
-from twin.policy.menu import RULES
+from twin.policy.menu import ALL_RULES, prefill_params, rule_plan
 from twin.policy.registry import register
 from twin.policy.sglang import ShortestPrefillFirst
 
@@ -152,10 +153,10 @@ def _io_width(meta: dict, path: str) -> tuple[int, int]:
         return len(FEATURES), 1
     if kind != "selector":
         raise ValueError(f"weights {path}: kind {kind!r}: allowed values: scorer, selector")
-    bad = [m for m in meta.get("menu", ()) if m not in RULES]
+    bad = [m for m in meta.get("menu", ()) if m not in ALL_RULES]
     if bad or not meta.get("menu"):
         raise ValueError(f"weights {path}: menu {meta.get('menu')}: entries must be among "
-                         f"{', '.join(RULES)}")
+                         f"{', '.join(ALL_RULES)}")
     return len(feature_names(int(meta.get("k_slots", K_SLOTS)))), len(meta["menu"])
 
 
@@ -186,6 +187,7 @@ class LearnedPolicy(Policy):
             self.targets = SloTargets.from_json(self.meta.get("targets", {}))
             if self.meta.get("chunk_cap"):
                 self.chunk_limit = ShortestPrefillFirst.chunk_limit
+            self.prefill = prefill_params(self.meta.get("prefill"))
         self.margin = preempt_margin
 
     @property
@@ -206,11 +208,18 @@ class LearnedPolicy(Policy):
         x = np.array([request_features(r, snap, running) for r in views])
         return np.round(forward(self.layers, x)[:, 0], 12)  # the same order on every platform
 
+    def decide(self, snap: Snapshot) -> Plan:
+        if self.kind != "selector":
+            return super().decide(snap)
+        if snap.candidate is not None:
+            return Plan(victims=())
+        if len(snap.waiting) < 2:
+            return Plan(order=tuple(range(len(snap.waiting))))
+        return rule_plan(self.menu[self.choice(snap)], snap, self.targets, self.prefill)
+
     def order(self, snap: Snapshot) -> list[int]:
         if self.kind == "selector":
-            if len(snap.waiting) < 2:
-                return list(range(len(snap.waiting)))
-            return RULES[self.menu[self.choice(snap)]](snap, self.targets)
+            return list(self.decide(snap).order)
         s = self.scores(snap.waiting, snap, False)
         w = snap.waiting
         return sorted(range(len(w)), key=lambda i: (-s[i], w[i].queue_entry_s, i))

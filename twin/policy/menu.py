@@ -10,6 +10,19 @@ queue index, so every order is a function of the snapshot.
 - `priority`: highest tier first, then oldest.
 - `edf`: earliest TTFT deadline first (arrival + the request's TTFT target).
 
+Rules that also withhold admission (`Plan.admit`), each the `deadline` policy
+(twin/policy/deadline.py) in one of its modes, with the prefill model given as
+`prefill` (`{"s_per_chunk", "s_per_token", "s_per_token_ctx", "chunk"}`; None: the users'
+deployment's):
+
+- `deadline`: feasible-deadline-first order, nothing held;
+- `hold-hopeless`: the same order, documents that cannot make their deadline held;
+- `laxity`: documents held while short questions wait or run, each started when its
+  slack runs out;
+- `hold-documents`: every document held while short questions wait or run.
+
+`rule_plan(name, snap, targets, prefill)` answers an order question with any of them.
+
 With `chunk_cap`, a policy also caps the running chunked prefill as SGLang's
 shortest-prefill-first does (`ShortestPrefillFirst.chunk_limit`, over the queue in the
 policy's order): room is left in the chunk budget for the shorter requests at the head of
@@ -19,9 +32,11 @@ the queue. Live, SGLang applies that cap itself on a server started with
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from twin.policy.base import Policy, Snapshot
+from twin.policy.base import Plan, Policy, Snapshot
 from twin.policy.features import SloTargets, waiting_targets
 from twin.policy.registry import register
 from twin.policy.sglang import ShortestPrefillFirst
@@ -53,6 +68,43 @@ def edf(snap: Snapshot, t: SloTargets) -> list[int]:
 
 RULES = {"fcfs": fcfs, "spf": spf, "priority": priority, "edf": edf}
 MENU = tuple(RULES)
+#: rules that answer with a whole plan: the `deadline` policy's withholding modes
+PLAN_RULES = {"deadline": "none", "hold-hopeless": "hopeless", "laxity": "laxity",
+              "hold-documents": "documents"}
+ALL_RULES = (*RULES, *PLAN_RULES)
+
+
+@lru_cache(maxsize=64)
+def _deadline(mode: str, targets: SloTargets, prefill: tuple) -> Policy:
+    from twin.policy.deadline import DeadlinePolicy
+
+    t = targets.to_json()
+    return DeadlinePolicy(withhold=mode, **t, **dict(prefill))
+
+
+PREFILL_KEYS = ("s_per_chunk", "s_per_token", "s_per_token_ctx", "chunk")
+
+
+def prefill_params(values: list | tuple | None) -> dict:
+    """The prefill model `[s_per_chunk, s_per_token, s_per_token_ctx, chunk]` as the
+    `deadline` policy's keyword arguments ({} for None: its defaults)."""
+    if values is None:
+        return {}
+    if len(values) != len(PREFILL_KEYS):
+        raise ValueError(f"prefill {values!r}: expected [{', '.join(PREFILL_KEYS)}]")
+    return {k: (int(v) if k == "chunk" else float(v)) for k, v in zip(PREFILL_KEYS, values,
+                                                                        strict=True)}
+
+
+def rule_plan(name: str, snap: Snapshot, t: SloTargets, prefill: dict | None = None) -> Plan:
+    """The answer of menu rule `name` to an order question."""
+    if name in RULES:
+        if len(snap.waiting) < 2:
+            return Plan(order=tuple(range(len(snap.waiting))))
+        return Plan(order=tuple(RULES[name](snap, t)))
+    if name not in PLAN_RULES:
+        raise ValueError(f"menu rule {name!r}: allowed values: {', '.join(ALL_RULES)}")
+    return _deadline(PLAN_RULES[name], t, tuple(sorted((prefill or {}).items()))).decide(snap)
 
 
 def targets_from(ttft_s: float, tpot_s: float | None, doc_tokens: int,
@@ -63,25 +115,33 @@ def targets_from(ttft_s: float, tpot_s: float | None, doc_tokens: int,
 
 @register
 class MenuPolicy(Policy):
-    """One menu rule as a fixed policy (`rule`: fcfs, spf, priority, edf); the SLO params
-    set the deadlines `edf` uses (docs/rl.md); `chunk_cap` adds SGLang's spf chunk cap."""
+    """One menu rule as a fixed policy (`rule`: any of `ALL_RULES`); the SLO params set
+    the deadlines `edf` and the plan rules use (docs/rl.md); `chunk_cap` adds SGLang's spf
+    chunk cap; `prefill` the plan rules' prefill model as `[s_per_chunk, s_per_token,
+    s_per_token_ctx, chunk]` (None: the users' deployment's)."""
 
     name = "menu"
 
     def __init__(self, *, rule: str = "edf", ttft_s: float = 1.5, tpot_s: float = 0.1,
                  doc_tokens: int = 4096, doc_ttft_s_per_token: float = 5e-4,
-                 tier_ttft_s: list | None = None, chunk_cap: bool = False) -> None:
+                 tier_ttft_s: list | None = None, chunk_cap: bool = False,
+                 prefill: list | None = None) -> None:
         super().__init__()
         if chunk_cap:
             self.chunk_limit = ShortestPrefillFirst.chunk_limit
-        if rule not in RULES:
-            raise ValueError(f"rule {rule!r}: allowed values: {', '.join(RULES)}")
-        self.rule = rule
+        if rule not in ALL_RULES:
+            raise ValueError(f"rule {rule!r}: allowed values: {', '.join(ALL_RULES)}")
+        self.rule, self.prefill = rule, prefill_params(prefill)
         self.targets = targets_from(ttft_s, tpot_s, doc_tokens, doc_ttft_s_per_token,
                                     tier_ttft_s)
 
     def wants_prefix_match(self, n_waiting: int) -> bool:
         return True  # spf and the features read fresh prefix matches
 
+    def decide(self, snap: Snapshot) -> Plan:
+        if snap.candidate is not None:
+            return Plan(victims=())
+        return rule_plan(self.rule, snap, self.targets, self.prefill)
+
     def order(self, snap: Snapshot) -> list[int]:
-        return RULES[self.rule](snap, self.targets)
+        return list(self.decide(snap).order)
