@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "checkpoints, the exported policy and report.html into --out. Run "
                       "again with the same --out to resume.")
     t.add_argument("--out", required=True, type=Path, help="output directory")
-    t.add_argument("--env", default="finance-qa", choices=["finance-qa", "finance-qa-capped", "tiny"],
+    t.add_argument("--env", default="finance-qa", choices=["finance-qa", "finance-qa-capped", "finance-qa-hold", "tiny",
+                            "tiny-hold"],
                    help="environment preset (default finance-qa: the users' deployment)")
     t.add_argument("--timesteps", type=int, default=20_000, help="total decisions to train")
     t.add_argument("--n-envs", type=int, default=2, help="environments per rollout")
