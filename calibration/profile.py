@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from calibration.derive import Limits, Timeline, samples_from_timelines
-from calibration.session import CalibrationError, Trace, flush, run_group
+from calibration.session import CalibrationError, Trace, flush, health, run_group
+from twin.outputs import atomic_write_text
 
 OUTPUT_DECODE = 32  # tokens per request in decode runs
 
@@ -167,16 +168,28 @@ class Store:
     def load(self) -> None:
         if not self.runs_path.exists():
             return
+        for path in (self.runs_path, self.samples_path):
+            _drop_torn_tail(path)
         for line_no, text in enumerate(self.runs_path.read_text().splitlines(), 1):
             if not text.strip():
                 continue
-            row = json.loads(text)
+            try:
+                row = json.loads(text)
+                ok = isinstance(row, dict) and isinstance(row.get("traces"), list) and \
+                    isinstance(row.get("tag"), str)
+                traces = [Trace.from_json(t) for t in row["traces"]] if ok else []
+            except (ValueError, KeyError, TypeError, AttributeError):
+                ok = False
+            if not ok:
+                raise CalibrationError(f"{self.runs_path}:{line_no}: not a profiling run "
+                                       "(a JSON object with 'tag' and 'traces'); use another "
+                                       "--out or delete the file to start over")
             if row.get("server") != self.identity:
                 raise CalibrationError(
                     f"{self.runs_path}:{line_no} was profiled on another server "
                     f"({row.get('server')}, this one is {self.identity}); use another --out "
                     "or delete the file to start over")
-            self.done[row["tag"]] = [Trace.from_json(t) for t in row["traces"]]
+            self.done[row["tag"]] = traces
 
     def append(self, run: Run, traces: list[Trace], samples: list[dict]) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +200,21 @@ class Store:
             for s in samples:
                 fh.write(json.dumps(s) + "\n")
         self.done[run.tag] = traces
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """A run cut off while it was being appended (Ctrl-C, a killed process) leaves a
+    last line without its newline: drop it (that run is profiled again), so the next
+    append does not glue onto it."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    keep = data[:data.rfind(b"\n") + 1]
+    atomic_write_text(path, keep.decode("utf-8", errors="replace"))
+    print(f"note: {path}: dropped an incomplete last line (cut off while it was written; "
+          "a run without its line is profiled again)", file=sys.stderr)
 
 
 class Bar:
@@ -231,6 +259,8 @@ def profile(url: str, store: Store, lim: ServerLimits, vocab: int, budget_s: flo
         traces = execute(url, run, vocab)
         bad = [t for t in traces if not t.ok]
         counts["failed_requests"] += len(bad)
+        if traces and len(bad) == len(traces):
+            _check_alive(url, store, bad[0])
         samples = samples_from_timelines(timelines(traces), lim.derive_limits())
         store.append(run, traces, samples)
         counts["ran"] += 1
@@ -238,6 +268,17 @@ def profile(url: str, store: Store, lim: ServerLimits, vocab: int, budget_s: flo
         if progress:
             progress(len(store.done), time.monotonic() - start, n_samples, run.tag)
     return counts
+
+
+def _check_alive(url: str, store: Store, example: Trace) -> None:
+    """A run whose every request failed: is the server still there? A dead or hung one
+    ends profiling (the runs done are kept; the failed run is not)."""
+    why = health(url)
+    if why:
+        raise CalibrationError(
+            f"the SGLang server at {url} stopped answering mid-profile ({why}; the last run's "
+            f"requests failed: {example.error}); {len(store.done)} runs are kept in "
+            f"{store.runs_path}: run the same command again to resume")
 
 
 def _lines(path: Path):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from runtime.client import HttpStatusError, stream_generate
+from runtime.recording import meta_problem
 from runtime.server_api import ReplayError, flush_cache, probe
 from twin.errors import ServetwinError
 
@@ -97,6 +99,23 @@ def flush(url: str) -> None:
                            "server? Profiling needs it to itself")
 
 
+def health(url: str, timeout_s: float = 30.0) -> str | None:
+    """None when the server passes SGLang's end-to-end check (`/health_generate`; a
+    server without it: `/health`), else why not."""
+    from runtime.server_api import _get, describe_url_error
+
+    for path in ("/health_generate", "/health"):
+        try:
+            _get(url + path, timeout_s)
+            return None
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                return f"GET {path}: HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            return f"GET {path}: {describe_url_error(exc)}"
+    return None
+
+
 def run_group(url: str, requests: list[tuple[str, list[int], int, float]],
               timeout_s: float = 300.0, tag: str = "") -> list[Trace]:
     """Send `(rid, input_ids, max_new_tokens, offset_s)` requests, each at its offset from
@@ -128,13 +147,21 @@ async def _one(session: aiohttp.ClientSession, url: str, tr: Trace, ids: list[in
     try:
         async with aclosing(stream_generate(session, url, json=body)) as chunks:
             async for now, chunk in chunks:
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"a chunk that is not a JSON object: {chunk!r:.60}")
                 if "error" in chunk:
                     tr.error = f"server error: {chunk['error']}"
                     return
-                tr.meta = chunk.get("meta_info") or {}
-                new = int(tr.meta.get("completion_tokens") or 0) - len(tr.token_times)
+                meta = chunk.get("meta_info") or {}
+                problem = meta_problem(meta, len(tr.token_times), max_new)
+                if problem:
+                    raise ValueError(problem)
+                tr.meta = meta
+                new = (meta.get("completion_tokens") or 0) - len(tr.token_times)
                 tr.token_times.extend([now] * max(new, 0))
     except HttpStatusError as exc:
         tr.error = str(exc)[:320]
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         tr.error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a trace with its error, never a crash
+        tr.error = f"unexpected: {type(exc).__name__}: {exc}"

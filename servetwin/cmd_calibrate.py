@@ -8,6 +8,7 @@ and prints the fidelity table (calibration/, docs/calibration.md).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from servetwin.args import add_workload_args
@@ -70,7 +71,15 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     check_out_file(ns.out)
     samples, info, sources = [], None, []
     if ns.url:
-        samples, info = _profile_live(ns.url.rstrip("/"), ns.out, ns.budget_s)
+        try:
+            samples, info = _profile_live(ns.url.rstrip("/"), ns.out, ns.budget_s)
+        except KeyboardInterrupt:
+            runs = ns.out.with_suffix(".runs.jsonl")
+            print(f"\nservetwin calibrate: interrupted (Ctrl-C): the runs finished are kept in "
+                  f"{runs} (the one in progress is not); no profile written. Run the same "
+                  "command again to resume, or add --budget-s 0 to fit on those runs only",
+                  file=sys.stderr)
+            return 130
         sources.append(f"live profile of {ns.url} ({ns.out.with_suffix('.runs.jsonl')})")
     for path, reader in [(d, from_record_dir) for d in ns.from_records] + \
             [(f, from_bench_serving) for f in ns.from_bench_serving]:

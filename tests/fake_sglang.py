@@ -75,7 +75,9 @@ class FakeSglang:
     async def _info(self, request):
         return web.json_response({"version": "fake", "model_path": "/nonexistent",
                                   "enable_priority_scheduling": self.priority,
-                                  "context_length": 1000, "max_req_input_len": 999})
+                                  "context_length": 1000, "max_req_input_len": 999,
+                                  "enable_metrics": True, "max_total_num_tokens": 4096,
+                                  "max_running_requests": 8, "chunked_prefill_size": 512})
 
     async def _die(self) -> None:
         """Stop listening and drop every connection (a killed process's sockets)."""

@@ -157,12 +157,15 @@ def test_ctrl_c_mid_replay_writes_every_request_and_exits_130(tmp_path):
     assert summary["partial"]["stop_reason"] == "interrupted (Ctrl-C)"
 
 
-def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120.0) -> str:
-    """Read the process's stderr until a line containing `text` (its progress line)."""
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120.0,
+                  stream: str = "stderr") -> str:
+    """Read the process's stderr (or stdout) until a line containing `text` (its
+    progress line)."""
     deadline = time.monotonic() + timeout
-    assert proc.stderr is not None
+    pipe = getattr(proc, stream)
+    assert pipe is not None
     while time.monotonic() < deadline:
-        line = proc.stderr.readline()
+        line = pipe.readline()
         if text in line:
             return line
         if not line and proc.poll() is not None:

@@ -1,0 +1,81 @@
+"""Ctrl-C and faults in the long-running commands, as a user meets them: a real
+subprocess, SIGINT once its progress line shows it is under way (no fixed sleeps), then
+the files it leaves are checked: complete, parseable, every request accounted for, and
+exit code 130. `live replay`'s own: tests/test_replay_faults.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_sglang import FakeSglang
+from test_replay_faults import wait_for_line
+
+from calibration.profile import Store
+from servetwin.cli import main
+
+pytestmark = pytest.mark.offline
+
+
+def servetwin(*args: str) -> subprocess.Popen:
+    """`servetwin ARGS` in a subprocess that reacts to SIGINT even when this one was
+    started with SIGINT ignored (a background job)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "servetwin", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def interrupt(proc: subprocess.Popen, progress: str) -> tuple[str, str]:
+    """SIGINT once `progress` shows on stderr; (stdout, the rest of stderr)."""
+    wait_for_line(proc, progress)
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=120)
+
+
+def _runs(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_calibrate_ctrl_c_keeps_the_finished_runs_and_resumes(tmp_path):
+    out = tmp_path / "profile.json"
+    with FakeSglang(token_delay=0.03) as fake:
+        args = ("calibrate", "--url", fake.url, "--out", str(out), "--budget-s", "600")
+        proc = servetwin(*args)
+        _, err = interrupt(proc, " runs ")
+        assert proc.returncode == 130, err
+        assert "interrupted (Ctrl-C)" in err and "profile.runs.jsonl" in err
+        assert not out.exists()  # no profile from a half-done plan
+        runs = _runs(out.with_suffix(".runs.jsonl"))  # every line whole
+        assert runs and len({r["tag"] for r in runs}) == len(runs)
+        again = servetwin(*args)
+        line = wait_for_line(again, "resuming after", stream="stdout")
+        again.send_signal(signal.SIGINT)
+        again.communicate(timeout=120)
+    assert again.returncode == 130
+    assert f"resuming after {len(runs)} runs" in line
+
+
+def test_calibrate_drops_a_run_cut_off_mid_write(tmp_path):
+    store = Store(tmp_path / "p.json", {"engine": "sglang"})
+    good = json.dumps({"tag": "a", "kind": "prefill", "server": store.identity,
+                       "traces": []})
+    store.runs_path.write_text(good + "\n" + good[:30])  # the second run torn
+    store.load()
+    assert list(store.done) == ["a"]
+    assert store.runs_path.read_text() == good + "\n"
+
+
+def test_calibrate_stops_when_the_server_dies(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    with FakeSglang(token_delay=0.01, die_after=6) as fake:
+        code = main(["calibrate", "--url", fake.url, "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "stopped answering mid-profile" in err and "run the same command again" in err
+    assert all(r["traces"] for r in _runs(out.with_suffix(".runs.jsonl")))
