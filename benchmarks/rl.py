@@ -72,7 +72,42 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--loads", type=float, nargs="+", default=[1.0, 1.5])
     ap.add_argument("--burst-cv", type=float, default=2.0)
+    ap.add_argument("--live", action="store_true",
+                    help="also the comparison on the CPU SGLang server and its calibrated "
+                         "twin (experiments/rl/live.py)")
+    ap.add_argument("--live-only", action="store_true", help="only the live comparison")
+    ap.add_argument("--live-out", type=Path, default=Path("out/rl_live"))
+    ap.add_argument("--live-load", type=float, default=1.5)
+    ap.add_argument("--budget-s", type=float, default=60, help="calibration budget (live)")
+    ap.add_argument("--plugin-tree", type=Path, default=None,
+                    help="a source tree whose plugin applies Plan.admit (PYTHONPATH of the "
+                         "live servers)")
+    ap.add_argument("--live-policies", nargs="+", default=None,
+                    help="run only these live (labels; the others are kept from --live-out)")
     ns = ap.parse_args()
+    if not ns.live_only:
+        twin_comparison(ns)
+    if ns.live or ns.live_only:
+        live_comparison(ns)
+
+
+def live_comparison(ns) -> None:
+    from experiments.rl.live import gains, run
+    from experiments.rl.live import table as live_table
+
+    print(f"\n## live: the CPU SGLang server vs the twin calibrated on it "
+          f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {machine()})\n")
+    res = run(ns.live_out, ns.live_load, ns.budget_s, ns.policy, ns.plugin_tree,
+              ns.live_policies, log=lambda m: print("#", m, flush=True))
+    print(f"\nworkload {res['workload']} at {res['load']:.0%} of the calibrated capacity "
+          f"({res['capacity_rps']:.3f} req/s); SLO {res['targets']}\n")
+    print(live_table(res))
+    print()
+    for line in gains(res):
+        print(line)
+
+
+def twin_comparison(ns) -> None:
     cfg = preset(ns.env)
     seeds = [BENCH_SEED_BASE + i for i in range(ns.episodes)]
     cap = capacity_of(cfg)

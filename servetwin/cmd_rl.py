@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=5_000, help="timesteps between evals")
     t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per eval")
+    t.add_argument("--prior", default=None, metavar="RULE",
+                   help="start the actor biased towards this menu rule (e.g. laxity)")
     t.set_defaults(func=run_train, _parser=t)
     p.set_defaults(func=lambda ns: (p.print_help(), 2)[1], _parser=p)
 
@@ -40,7 +42,8 @@ def run_train(ns: argparse.Namespace) -> int:
                           f"pip install torch==2.13.0 && pip install -e '.[rl]'") from None
     try:
         tc = TrainConfig(env=ns.env, timesteps=ns.timesteps, n_envs=ns.n_envs, seed=ns.seed,
-                         eval_every=ns.eval_every, eval_episodes=ns.eval_episodes)
+                         eval_every=ns.eval_every, eval_episodes=ns.eval_episodes,
+                         prior_rule=ns.prior)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:

@@ -115,11 +115,11 @@ def test_starving_a_class_does_not_pay():
     assert gain_late > starved.total
 
 
-def small_model(steps: int, seed: int = 0):
+def small_model(steps: int, seed: int = 0, config: str = "tiny"):
     import torch.nn as nn
     from stable_baselines3 import PPO
 
-    env = SchedulingEnv("tiny")
+    env = SchedulingEnv(config)
     model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=4, seed=seed,
                 policy_kwargs=dict(net_arch=dict(pi=[32, 32], vf=[32, 32]),
                                    activation_fn=nn.ReLU), device="cpu", verbose=0)
@@ -128,17 +128,20 @@ def small_model(steps: int, seed: int = 0):
     return model, env
 
 
-def test_exported_policy_decides_as_the_network(tmp_path):
+@pytest.mark.parametrize("config", ["tiny", "tiny-hold"])
+def test_exported_policy_decides_as_the_network(tmp_path, config):
+    """Same features, same choice; with the hold menu also the same plan (order and
+    admission) as the environment applied."""
     import torch
 
     from experiments.rl.export import actor_layers, export_selector
 
     torch.set_num_threads(1)
-    model, env = small_model(256)
-    path = export_selector(actor_layers(model.policy), TINY, tmp_path / "p.safetensors")
+    model, env = small_model(256, config=config)
+    path = export_selector(actor_layers(model.policy), preset(config), tmp_path / "p.safetensors")
     numpy_policy = LearnedPolicy(weights=str(path))
     check_policy(numpy_policy)
-    agree = total = 0
+    agree = total = held = 0
     for seed in (31, 32):
         obs_list, _, _, snaps = rollout(env, seed, policy=lambda o: int(
             model.predict(o, deterministic=True)[0]))
@@ -147,7 +150,13 @@ def test_exported_policy_decides_as_the_network(tmp_path):
             assert np.array_equal(obs, env._obs(snap))
             total += 1
             agree += numpy_policy.choice(snap) == net
+            plan = numpy_policy.decide(snap)
+            assert plan == env.episode.held.rule_plan(snap, net)
+            held += any(env.episode.held.rule_plan(snap, c).admit is not None
+                        for c in range(env.action_space.n))
     assert total > 20 and agree == total
+    if config == "tiny-hold":
+        assert held > 0  # the menu withholds admission on some of these passes
 
 
 def test_tiny_training_beats_random_actions(tmp_path):

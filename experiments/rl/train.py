@@ -54,6 +54,10 @@ class TrainConfig:
     ent_coef: float = 0.01
     gamma: float = 0.99
     hidden: tuple[int, ...] = (64, 64)
+    #: a menu rule the actor starts biased towards (its output's bias raised by
+    #: `prior_logit`): PPO then learns when to deviate from it; None: no prior
+    prior_rule: str | None = None
+    prior_logit: float = 3.0
 
     def __post_init__(self) -> None:
         for k in ("timesteps", "n_envs", "eval_every", "eval_episodes", "n_steps",
@@ -109,10 +113,23 @@ class Trainer:
         tc = self.tc
         kw = dict(net_arch=dict(pi=list(tc.hidden), vf=list(tc.hidden)),
                   activation_fn=nn.ReLU)
-        return PPO("MlpPolicy", self._envs(tc.seed), n_steps=tc.n_steps,
-                   batch_size=tc.batch_size, n_epochs=tc.n_epochs,
-                   learning_rate=tc.learning_rate, ent_coef=tc.ent_coef, gamma=tc.gamma,
-                   policy_kwargs=kw, seed=tc.seed, device="cpu", verbose=0)
+        model = PPO("MlpPolicy", self._envs(tc.seed), n_steps=tc.n_steps,
+                    batch_size=tc.batch_size, n_epochs=tc.n_epochs,
+                    learning_rate=tc.learning_rate, ent_coef=tc.ent_coef, gamma=tc.gamma,
+                    policy_kwargs=kw, seed=tc.seed, device="cpu", verbose=0)
+        if tc.prior_rule is not None:
+            self._add_prior(model)
+        return model
+
+    def _add_prior(self, model) -> None:
+        import torch
+
+        if self.tc.prior_rule not in self.cfg.menu:
+            raise ValueError(f"prior_rule {self.tc.prior_rule!r}: not on the menu "
+                             f"{', '.join(self.cfg.menu)}")
+        with torch.no_grad():
+            model.policy.action_net.bias[self.cfg.menu.index(self.tc.prior_rule)] += \
+                self.tc.prior_logit
 
     # ---- checkpoints ----------------------------------------------------------------
     def _resume(self) -> None:
@@ -193,6 +210,8 @@ class Trainer:
                  f"(return {heur[best_h]['return']:+.4f})")
         left = self.tc.timesteps - self.model.num_timesteps
         t0 = time.process_time()
+        if not self.history and self.tc.prior_rule is not None:
+            self.evaluate(0.0)  # the prior alone: the checkpoint to beat
         if left > 0:
             self.model.learn(left, callback=self._callback(t0), reset_num_timesteps=False)
         if not self.history or self.history[-1]["timesteps"] != self.model.num_timesteps:

@@ -1,0 +1,231 @@
+"""The RL comparison live: the CPU SGLang server against the twin calibrated on it.
+
+The users' deployment cannot run here, so the comparison of `benchmarks/rl.py` is scaled
+to the CPU harness: a finance-qa-shaped mix (short questions and multi-chunk documents,
+`CPU_FAMILY`) at `load` x the capacity of the twin calibrated on the server, with SLO
+targets scaled to the server's step times (`cpu_targets`). Every policy runs on a fresh
+server started with `--schedule-policy shortest-prefill-first` (so that SGLang applies
+its chunk cap to whatever order the plugin gives): `shortest-prefill-first` itself
+natively, the others through the plugin; the twin simulates each run at its live send
+times with the same spec. The deadline policy's prefill model is fitted to the calibrated
+step times (`fit_prefill`), and the learned policy's weight file is re-stamped with the
+CPU scale's targets and prefill model (`restamp`): its network is unchanged.
+
+Withholding (`Plan.admit`) needs the plugin to stop SGLang's admission loop at the first
+withheld request; `plugin_tree` points the servers at a source tree whose plugin does
+(PYTHONPATH), until the project's plugin does it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from experiments.rl.config import FamilySpec, draw_workload
+from twin.policy.features import SloTargets
+
+SERVER_FLAGS = ["--schedule-policy", "shortest-prefill-first"]
+#: finance-qa's shapes at the CPU server's scale (context 8,192, chunk 1,024)
+CPU_FAMILY = FamilySpec(n=100, load=(1.5, 1.5), burst_cv=(2.0, 2.0), system_tokens=32,
+                        short_median=100.0, short_output_median=24.0, doc_output_median=32.0,
+                        doc_tokens=(1_500, 3_000), long_tokens=(4_000, 6_000),
+                        template_tokens=256)
+DOC_TOKENS = 1_000
+
+
+def step_model(info: dict, prof: dict):
+    from calibration.validate import HARNESS_GPU
+    from runtime.server_api import twin_server_args
+    from twin.config import derive_capacity
+    from twin.perf.fitted import from_step_time_section
+
+    args = twin_server_args(info)
+    cap = derive_capacity(args, HARNESS_GPU)
+    return from_step_time_section(prof["step_time"], cap, args), cap
+
+
+def fit_prefill(step, chunk: int) -> list[float]:
+    """[s_per_chunk, s_per_token, s_per_token_ctx, chunk] fitted (least squares) to the
+    step model's prefill steps of 64..chunk tokens after 0..6,000 cached."""
+    rows, y = [], []
+    for n in sorted({64, 256, chunk // 2, chunk}):
+        for c in (0, 1000, 3000, 6000):
+            rows.append([1.0, n, n * (c + n / 2)])
+            y.append(step.step_time([(n, c)], []))
+    coef = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)[0]
+    return [float(max(coef[0], 0.0)), float(max(coef[1], 0.0)), float(max(coef[2], 0.0)),
+            int(chunk)]
+
+
+def cpu_targets(step, prefill: list[float]) -> SloTargets:
+    """The users' SLO in the server's units: TTFT 1.5 s is about 8 of their 8k-token
+    prefill chunks' worth of short-question work; here a short question's target is
+    0.5 s plus, for documents, 2.5x the per-token prefill cost (theirs: 0.5 ms against
+    about 0.2 ms); TPOT is 3x a decode step of 8 requests (theirs: 0.1 s against 0.03 s)."""
+    decode = step.step_time([], [300] * 8)
+    return SloTargets(ttft_s=0.5, tpot_s=round(3 * decode, 4), doc_tokens=DOC_TOKENS,
+                      doc_ttft_s_per_token=round(2.5 * prefill[1], 6))
+
+
+def workload(capacity_rps: float, seed: int = 7, family: FamilySpec = CPU_FAMILY):
+    rng = np.random.default_rng(seed)
+    return draw_workload(family, capacity_rps, rng)[0]
+
+
+def capacity(info: dict, prof: dict, family: FamilySpec = CPU_FAMILY) -> float:
+    """Requests per second the calibrated twin completes for the mix when overloaded
+    (the same shapes sent at 20x the load)."""
+    from calibration.validate import simulate_like
+    from twin.metrics import summarize
+
+    records, _ = simulate_like(workload(1.0, family=replace(family, load=(20.0, 20.0))),
+                               info, prof)
+    return summarize(records)["throughput"]["requests_per_s"]
+
+
+def restamp(src: Path, dst: Path, targets: SloTargets, prefill: list[float]) -> Path:
+    """A copy of a selector weight file with the CPU scale's targets and prefill model."""
+    from twin.policy.learned import read_safetensors_meta, write_safetensors
+
+    tensors, raw = read_safetensors_meta(src)
+    meta = json.loads(raw["servetwin"])
+    meta["targets"], meta["prefill"] = targets.to_json(), list(prefill)
+    write_safetensors(dst, tensors, {"servetwin": json.dumps(meta, sort_keys=True)})
+    return dst
+
+
+def slo_stats(records: list[dict], t: SloTargets) -> dict:
+    """SLO attainment (all, short questions, documents) and P99 TTFT by class."""
+    def met(r: dict) -> bool:
+        return r["status"] == "ok" and t.met(r["ttft_s"], r["tpot_s"], r["prompt_tokens"],
+                                             r["priority"])
+
+    out = {"slo_attainment": float(np.mean([met(r) for r in records]))}
+    for name, doc in (("short", False), ("documents", True)):
+        rs = [r for r in records if t.is_document(r["prompt_tokens"]) == doc]
+        out[f"slo_{name}"] = float(np.mean([met(r) for r in rs])) if rs else None
+        ttft = [r["ttft_s"] for r in rs if r["status"] == "ok"]
+        out[f"p99_ttft_{name}_s"] = float(np.percentile(ttft, 99)) if ttft else None
+    out["not_ok"] = sum(r["status"] != "ok" for r in records)
+    return out
+
+
+def spec_files(out: Path, targets: SloTargets, prefill: list[float],
+               learned: str | None) -> dict[str, str]:
+    """label -> policy spec (a file for the parameterised ones)."""
+    from twin.policy import read_spec
+
+    specs = {"shortest-prefill-first": "shortest-prefill-first"}
+    t = targets.to_json()
+    keys = ("s_per_chunk", "s_per_token", "s_per_token_ctx", "chunk")
+    for mode in ("none", "laxity"):
+        p = out / f"deadline-{mode}.json"
+        p.write_text(json.dumps({"name": "deadline", "params": {
+            "withhold": mode, **t, **dict(zip(keys, prefill, strict=True)),
+            "chunk_cap": True}}))
+        specs[f"deadline:{mode}"] = str(p)
+    if learned:
+        src = Path(read_spec(learned).params["weights"])
+        specs["learned"] = "learned:" + str(restamp(src, out / "learned-cpu.safetensors",
+                                                    targets, prefill))
+    return specs
+
+
+def run(out: Path, load: float = 1.5, budget_s: float = 60, learned: str | None = None,
+        plugin_tree: Path | None = None, only: list[str] | None = None, reuse: bool = True,
+        log=print) -> dict:
+    """Calibrate (or reuse `out`'s calibration), size the workload, then each policy (or
+    those labelled in `only`) live and in the twin; results merge into `out/result.json`."""
+    from calibration.session import server_facts
+    from calibration.validate import at_send_times, simulate_like
+    from experiments.policy_effect import calibrate, fallbacks
+    from runtime.client import ReplayConfig, replay
+    from runtime.cpu.serve import CpuServer
+    from runtime.plugin.env import plugin_env
+
+    out.mkdir(parents=True, exist_ok=True)
+    extra = {"PYTHONPATH": str(plugin_tree)} if plugin_tree else {}
+    d = out / "calibration"
+    d.mkdir(exist_ok=True)
+    if (d / "info.json").is_file() and reuse:  # an earlier run's calibration
+        prof = json.loads((d / "profile.json").read_text())
+        info = json.loads((d / "info.json").read_text())
+        log(f"calibration reused from {d}")
+    else:
+        with CpuServer(SERVER_FLAGS, env=plugin_env("shortest-prefill-first") | extra,
+                       log_path=d / "server.log") as server:
+            prof = calibrate(server.url, d, budget_s, log)
+            info = server_facts(server.url).info
+        (d / "info.json").write_text(json.dumps(info))
+    step, cap = step_model(info, prof)
+    prefill = fit_prefill(step, cap.chunked_prefill_size or 1024)
+    targets = cpu_targets(step, prefill)
+    rps = capacity(info, prof)
+    wl = workload(load * rps)
+    log(f"capacity {rps:.3f} req/s; {wl.name}; targets {targets.to_json()}; "
+        f"prefill model {prefill}")
+    result = {"capacity_rps": rps, "load": load, "targets": targets.to_json(),
+              "prefill": prefill, "workload": wl.name, "policies": {}}
+    old = out / "result.json"
+    if old.is_file() and json.loads(old.read_text())["workload"] == wl.name:
+        result["policies"] = json.loads(old.read_text())["policies"]
+    for label, spec in spec_files(out, targets, prefill, learned).items():
+        if only and label not in only:
+            continue
+        d = out / label.replace(":", "-")
+        d.mkdir(exist_ok=True)
+        t0 = time.monotonic()
+        env = plugin_env(spec, d / "decisions.jsonl") | extra
+        with CpuServer(SERVER_FLAGS, env=env, log_path=d / "server.log") as server:
+            facts = server_facts(server.url)
+            res = replay(wl, ReplayConfig(url=server.url), None, facts)
+        live = res.records
+        twin, _ = simulate_like(at_send_times(wl, live), facts.info, prof,
+                                policy=None if label == "shortest-prefill-first" else spec)
+        counts = fallbacks(d)
+        row = {"live": slo_stats(live, targets), "twin": slo_stats(list(twin), targets),
+               "faults": {k: counts.get(k, 0) for k in ("raised", "invalid", "slow")},
+               "applied": counts.get("applied", 0), "wall_s": round(time.monotonic() - t0)}
+        result["policies"][label] = row
+        log(f"{label}: live {row['live']['slo_attainment']:.1%} twin "
+            f"{row['twin']['slo_attainment']:.1%} faults {row['faults']} ({row['wall_s']} s)")
+        (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def table(result: dict) -> str:
+    head = ("| policy | SLO live | SLO twin | short live | short twin | documents live | "
+            "documents twin | P99 TTFT short live / twin (s) | P99 TTFT documents live / "
+            "twin (s) | not ok | faults (raised/invalid/slow) |")
+    lines = [head, "|" + "---|" * 11]
+    pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    sec = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    for label, row in result["policies"].items():
+        lv, tw, f = row["live"], row["twin"], row["faults"]
+        lines.append(
+            f"| {label} | {pct(lv['slo_attainment'])} | {pct(tw['slo_attainment'])} | "
+            f"{pct(lv['slo_short'])} | {pct(tw['slo_short'])} | {pct(lv['slo_documents'])} | "
+            f"{pct(tw['slo_documents'])} | {sec(lv['p99_ttft_short_s'])} / "
+            f"{sec(tw['p99_ttft_short_s'])} | {sec(lv['p99_ttft_documents_s'])} / "
+            f"{sec(tw['p99_ttft_documents_s'])} | {lv['not_ok']} | "
+            f"{f['raised']}/{f['invalid']}/{f['slow']} |")
+    return "\n".join(lines)
+
+
+def gains(result: dict, base: str = "shortest-prefill-first") -> list[str]:
+    """Each policy's relative SLO-attainment gain over `base`, live and in the twin."""
+    pol = result["policies"]
+    if base not in pol:
+        return []
+    out = []
+    for label, row in pol.items():
+        if label == base:
+            continue
+        g = {w: row[w]["slo_attainment"] / pol[base][w]["slo_attainment"] - 1
+             if pol[base][w]["slo_attainment"] else float("nan") for w in ("live", "twin")}
+        out.append(f"{label} vs {base}: live {g['live']:+.1%}, twin {g['twin']:+.1%}")
+    return out
