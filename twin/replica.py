@@ -113,6 +113,20 @@ class Replica(Inbox, KVMemory):
         self._unplaced: list[SimRequest] = []  # requests this pass admitted but not placed
         self._placed_any = True  # whether the last prefill pass placed anything
         self.cur_batch: list[SimRequest] = []  # the prefill batch being run
+        self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
+
+    def _sleep(self, dur: float) -> simpy.Event | None:
+        """The replica is busy for `dur` seconds: the event to wait on, or None when the
+        clock was moved on at once. When the replica's wake-up would be the next event of
+        the whole simulation anyway (nothing else is scheduled before it), SimPy would pop
+        it at once and resume this process: setting the clock is the same, exactly, and
+        skips the event (issue 14). Not on a real-time environment."""
+        env = self.env
+        t = env._now + dur
+        if self._fast_clock and t < env.peek():
+            env._now = t
+            return None
+        return env.timeout(dur)
 
     # ---- memory helpers -------------------------------------------------------------
     def room(self) -> int:
@@ -142,7 +156,9 @@ class Replica(Inbox, KVMemory):
             if self._stall > 0:
                 stall, self._stall = self._stall, 0.0
                 self.counters.stall_s += stall
-                yield self.env.timeout(stall)
+                ev = self._sleep(stall)
+                if ev is not None:
+                    yield ev
                 continue
             if self.shrunk:  # SGLang filters the batch at the top of every pass: a
                 self.shrunk = False  # smaller batch clears batch_is_full
@@ -313,7 +329,9 @@ class Replica(Inbox, KVMemory):
         if self._stall > 0:  # victims' KV must reach the host before its room is reused
             stall, self._stall = self._stall, 0.0
             self.counters.stall_s += stall
-            yield self.env.timeout(stall)
+            ev = self._sleep(stall)
+            if ev is not None:
+                yield ev
         now = self.env.now
         restored, swap_in_s = [], 0.0
         self._unplaced = []
@@ -342,7 +360,9 @@ class Replica(Inbox, KVMemory):
                 self._abort_unplaceable()  # no progress is possible for them
             if swap_in_s:
                 self.counters.stall_s += swap_in_s
-                yield self.env.timeout(swap_in_s)
+                ev = self._sleep(swap_in_s)
+                if ev is not None:
+                    yield ev
             self._join_running(restored, self.env.now)
             return
         decoders = self.running if self.args.enable_mixed_chunk else []
@@ -360,7 +380,9 @@ class Replica(Inbox, KVMemory):
         else:
             self.counters.prefill_steps += 1
         self.counters.busy_s += dur
-        yield self.env.timeout(dur)
+        ev = self._sleep(dur)
+        if ev is not None:
+            yield ev
         end = self.env.now
         if decoders:
             self._end_chunks.append(np.array([end]))
@@ -441,7 +463,9 @@ class Replica(Inbox, KVMemory):
         self.counters.busy_s += dur
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
         self._advance(self.running, k)
-        yield self.env.timeout(dur)
+        ev = self._sleep(dur)
+        if ev is not None:
+            yield ev
         self._finish_done(self.env.now)
 
     def _next_boundary(self) -> float | None:
