@@ -103,23 +103,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 class Progress:
-    """A one-line progress bar on stderr, shown once a run passes two seconds."""
+    """A one-line progress bar on stderr, shown once a run passes two seconds; when
+    stderr is not a terminal, a line every 30 s instead."""
 
     def __init__(self, total: int) -> None:
         self.total, self.start, self.last = total, time.monotonic(), 0.0
+        self.tty = sys.stderr.isatty()
 
     def __call__(self, done: int, sim_t: float) -> None:
         now = time.monotonic()
-        if now - self.start < 2 or now - self.last < 0.5 or not sys.stderr.isatty():
+        if now - self.start < 2 or now - self.last < (0.5 if self.tty else 30):
             return
         self.last = now
         frac = done / max(self.total, 1)
         bar = "#" * int(30 * frac)
-        print(f"\r[{bar:30s}] {done}/{self.total} requests, {sim_t:,.0f} s simulated",
-              end="", file=sys.stderr, flush=True)
+        text = f"[{bar:30s}] {done}/{self.total} requests, {sim_t:,.0f} s simulated"
+        print("\r" + text if self.tty else text, end="" if self.tty else "\n",
+              file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.last:
+        if self.last and self.tty:
             print(file=sys.stderr)
 
 
@@ -174,7 +177,19 @@ def run(ns: argparse.Namespace) -> int:
         if ns.out:
             print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv, "
                   "sglang_launch.txt (the same deployment on the real engine)")
+    if result.interrupted:
+        print(interrupted_note(result.interrupted, result.records, ns.out), file=sys.stderr)
+        return 130
     return 0
+
+
+def interrupted_note(why: str, records: list[dict], out: Path | None) -> str:
+    """What a Ctrl-C'd simulation kept, and where."""
+    done = sum(r["status"] != "aborted" for r in records)
+    where = (f"{out}/requests.jsonl has all {len(records)} requests ({done} finished, the "
+             "rest aborted), summary.json is marked partial" if out else
+             "the summary above is partial (give --out to keep the records)")
+    return f"servetwin simulate: {why}: {where}"
 
 
 def _deployment(ns: argparse.Namespace) -> tuple:

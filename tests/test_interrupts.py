@@ -18,6 +18,7 @@ from test_replay_faults import wait_for_line
 
 from calibration.profile import Store
 from servetwin.cli import main
+from twin.metrics import read_records
 
 pytestmark = pytest.mark.offline
 
@@ -79,3 +80,21 @@ def test_calibrate_stops_when_the_server_dies(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "stopped answering mid-profile" in err and "run the same command again" in err
     assert all(r["traces"] for r in _runs(out.with_suffix(".runs.jsonl")))
+
+
+def test_simulate_ctrl_c_writes_every_request(tmp_path):
+    out = tmp_path / "sim"
+    n = 20_000  # minutes of work: the run is stopped long before the end
+    proc = servetwin("simulate", "--workload", f"arrival=poisson,rate=20,n={n},"
+                     "prompt=uniform:100:2000,output=uniform:50:500", "--out", str(out))
+    _, err = interrupt(proc, " requests, ")
+    assert proc.returncode == 130, err
+    assert "interrupted (Ctrl-C) at simulated time" in err and "marked partial" in err
+    recs = read_records(out / "requests.jsonl")
+    assert len(recs) == len({r["rid"] for r in recs}) == n
+    statuses = {r["status"] for r in recs}
+    assert "ok" in statuses and "aborted" in statuses
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == n
+    assert summary["partial"]["unfinished"] == sum(r["status"] == "aborted" for r in recs)
+    assert (out / "timeseries.csv").read_text().startswith("t_s,")

@@ -104,6 +104,7 @@ class SimResult:
     capacity: Capacity
     backend: str
     counters: dict
+    interrupted: str | None = None  # Ctrl-C: why the records are partial
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -216,12 +217,39 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     rep, backend = build_replica(env, workload, cfg, step_time)
     rep.progress = progress
     env.process(rep.run())
-    env.run()
+    interrupted = None
+    try:
+        env.run()
+    except KeyboardInterrupt:  # keep what is done: every request still gets its record
+        interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
     records = twin_records(rep.finished, rep.step_end)
+    if interrupted:
+        records = with_unfinished(records, workload, interrupted, env.now)
     counters = dict(rep.counters.__dict__)
     summary = summarize(records, slo)
+    if interrupted:
+        summary["partial"] = {"stop_reason": interrupted, "simulated_s": round(env.now, 6),
+                              "unfinished": sum(r["status"] == "aborted" for r in records)}
     summary["engine"] = {"backend": backend, "gpu": cfg.gpu, **counters}
     summary["memory"] = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(),
                                        rep.alloc.name, rep.cap.kv_bytes_per_token, counters,
                                        cfg.sample_every_s)
-    return SimResult(records, summary, rep.series, rep.cap, backend, counters)
+    return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted)
+
+
+def with_unfinished(records: list[dict], workload: Workload, why: str,
+                    now: float) -> list[dict]:
+    """`records` plus an `aborted` record for every request of `workload` that has none
+    (in the server, or not yet arrived, when the run stopped), in arrival order."""
+    from twin.request_state import SimRequest
+
+    have = {r["rid"] for r in records}
+    left = []
+    for req in workload.requests:
+        if req.rid not in have:
+            r = SimRequest(req, req.arrival_s, -1)
+            r.status, r.finish_s = "aborted", max(now, req.arrival_s)
+            r.error = f"{why}, before it finished"
+            left.append(r)
+    out = records + twin_records(left, [])
+    return sorted(out, key=lambda r: (r["arrival_s"], r["rid"]))
