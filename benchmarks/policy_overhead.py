@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "policies.md"
 SIZES = (16, 256, 1024)
 RUNNING = 16
+OWN, OWN_LOF = "SGLang's own (fcfs)", "SGLang's own lof"
 START, END = "<!-- plugin-overhead:start -->", "<!-- plugin-overhead:end -->"
 
 
@@ -85,7 +86,8 @@ def stand_in_scheduler():
         new_token_ratio_tracker=SimpleNamespace(current=0.7), max_running_requests=RUNNING,
         max_total_num_tokens=200_000,
         token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 150_000),
-        tree_cache=SimpleNamespace(evictable_size=lambda: 1000))
+        tree_cache=SimpleNamespace(evictable_size=lambda: 1000,
+                                   supports_fast_match_prefix=lambda: False))
 
 
 def make_adder(cls, running):
@@ -100,7 +102,7 @@ def make_adder(cls, running):
     return adder
 
 
-def measure(rounds: int) -> list[Row]:
+def measure(rounds: int, sizes: tuple[int, ...] = SIZES) -> list[Row]:
     from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
     from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -122,7 +124,7 @@ def measure(rounds: int) -> list[Row]:
     for r in running:
         r.output_ids.extend(range(10))
     rows = []
-    for n in SIZES:
+    for n in sizes:
         rows += rows_at(n, runtimes, running, adder_cls, own_calc, rounds)
     hooks._RUNTIME = None
     return rows
@@ -147,30 +149,40 @@ def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc,
     from runtime.plugin import hooks
 
     calls = max(20, 6000 // n)
-    sp = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
+    cache = RadixCache.create_simulated()
+    sp = SchedulePolicy("fcfs", cache, False, True, False)
+    own_policies = {OWN: sp, OWN_LOF: SchedulePolicy("lof", cache, False, True, False)}
     base = make_reqs(n, "w")
     candidate = base[n // 2]
     batch = SimpleNamespace(reqs=running)
-    rows = {"SGLang's own": Row("SGLang's own", n, [], [])}
-    rows |= {label: Row(label, n, [], []) for label in runtimes}
+    rows = {label: Row(label, n, [], []) for label in (*own_policies, *runtimes)}
     queues = {label: list(base) for label in rows}
 
-    def own() -> tuple[float, float]:
-        q = queues["SGLang's own"]
-        return (per_call_us(lambda: own_calc(sp, q, batch, 0), calls),
+    def own(label: str) -> tuple[float, float]:
+        q, policy = queues[label], own_policies[label]
+        return (per_call_us(lambda: own_calc(policy, q, batch, 0), calls),
                 per_call_us(lambda: PrefillAdder.preempt_to_schedule(
                     make_adder(PrefillAdder, running), candidate), calls))
 
     def plugin(label: str) -> tuple[float, float]:
-        hooks._RUNTIME, q = runtimes[label], queues[label]
+        rt = hooks._RUNTIME = runtimes[label]
+        q = queues[label]
         sp.calc_priority(q, batch, processed_tokens=0)  # this pass's views
-        return (per_call_us(lambda: sp.calc_priority(q, batch, processed_tokens=0), calls),
+
+        def one_pass() -> None:
+            # the pass before examined the queue's head (`add_one_req` forgets it), so
+            # its view is rebuilt, as in a server whose head waits for room
+            if rt is not None:
+                rt.waiting_views.forget(q[0])
+            sp.calc_priority(q, batch, processed_tokens=0)
+
+        return (per_call_us(one_pass, calls),
                 per_call_us(lambda: make_adder(adder_cls, running)
                             .preempt_to_schedule(candidate), calls))
 
     for _ in range(rounds):
         for label, row in rows.items():
-            c, p = own() if label == "SGLang's own" else plugin(label)
+            c, p = own(label) if label in own_policies else plugin(label)
             row.calc.append(c)
             row.preempt.append(p)
     return list(rows.values())
@@ -192,15 +204,17 @@ def machine() -> str:
 
 def table(rows: list[Row]) -> str:
     """min / median over the rounds; "added" is the median of the per-round differences
-    with SGLang's own (paired: the same moment's load) and the difference of the minima."""
-    own = {r.n: r for r in rows if r.label == "SGLang's own"}
+    with SGLang's own sort of the same order where SGLang has one (lof against SGLang's
+    lof; the others against its fcfs with priority scheduling, which the native
+    `priority` is), paired (the same moment's load), and the difference of the minima."""
+    by = {(r.label, r.n): r for r in rows}
     out = ["| hooks | waiting | calc_priority µs min / med | added med (min) | × own "
            "| preempt_to_schedule µs min / med | added med (min) |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        o = own[r.n]
+        o = by[(OWN_LOF if r.label.startswith("lof ") else OWN, r.n)]
         cells = [r.label, f"{r.n:,}", _min_med(r.calc), "", "", _min_med(r.preempt), ""]
-        if r is not o:
+        if r.label not in (OWN, OWN_LOF):
             cells[3], cells[6] = _added(r.calc, o.calc), _added(r.preempt, o.preempt)
             cells[4] = f"{statistics.median(r.calc) / statistics.median(o.calc):.2f}"
         out.append("| " + " | ".join(cells) + " |")
@@ -245,6 +259,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write the table into {DOC}")
     parser.add_argument("--rounds", type=int, default=9, help="rounds (default 9)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                        help="waiting-queue lengths (default %(default)s)")
     ns = parser.parse_args()
     if os.environ.get("SERVETWIN_IN_HARNESS") != "1":
         return _reexec_in_harness()
@@ -254,7 +270,7 @@ def main() -> int:
     from sglang.test.test_utils import published_topology
 
     with published_topology(device="cpu"):
-        text = report(measure(ns.rounds), ns.rounds)
+        text = report(measure(ns.rounds, tuple(ns.sizes)), ns.rounds)
     print(text)
     if ns.write:
         write_doc(text)

@@ -104,3 +104,93 @@ def test_the_decisions_command_prints_the_share(tmp_path, capsys):
     _log(tmp_path, "fcfs", lambda p: [(s, p.decide(s)) for s in snaps])
     assert main(["live", "decisions", str(tmp_path / "d.jsonl")]) == 0
     assert "10 decisions, 10 identical (100.0 %)" in capsys.readouterr().out
+
+
+# --- the plugin's order path over duck-typed requests (SGLang's `Req` fields) ---------------
+
+class FakeReq:
+    """The fields of SGLang 0.5.23's `Req` that `runtime.plugin.views.req_view` reads;
+    hashable by identity like `Req`."""
+
+    def __init__(self, i: int) -> None:
+        from types import SimpleNamespace
+
+        self.rid, self.priority = f"r{i}", (i * 5) % 3
+        self.origin_input_ids = list(range(3 + i, 103 + i))
+        self.output_ids: list[int] = []
+        self.prefix_len = (i * 7) % 40
+        self.arrival_processed_tokens = 0
+        self.sampling_params = SimpleNamespace(max_new_tokens=16 + (i * 37) % 512,
+                                               ignore_eos=True)
+        self.time_stats = SimpleNamespace(scheduler_recv_time=100.0 + i,
+                                          wait_queue_entry_time=100.0 + i * 0.5,
+                                          prefill_finished_time=0.0)
+
+
+def _runtime(name: str, priority: bool):
+    from types import SimpleNamespace
+
+    from runtime.plugin.hooks import PluginRuntime
+    from twin.policy.registry import read_spec
+
+    args = {"priority_scheduling": priority, "low_values_first": False,
+            "preemption_threshold": 10}
+    spec = read_spec(name)
+    scheduler = SimpleNamespace(
+        new_token_ratio_tracker=SimpleNamespace(current=0.7), max_running_requests=8,
+        max_total_num_tokens=10_000,
+        token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 5_000),
+        tree_cache=SimpleNamespace(evictable_size=lambda: 0,
+                                   supports_fast_match_prefix=lambda: False))
+    return PluginRuntime(spec, build_policy(spec, **args), args, "fcfs", False, 5.0, None,
+                         scheduler)
+
+
+@pytest.mark.parametrize("name,priority", [("lof", False), ("lof", True), ("slices", False),
+                                           ("shortest-prefill-first", False)])
+def test_the_plugin_orders_the_queue_as_the_policy_decides(name, priority):
+    from runtime.plugin.views import views
+
+    rt = _runtime(name, priority)
+    assert (rt.sort_key is not None) == (name == "lof")  # the keyed path where it applies
+    queue = [FakeReq(i) for i in (5, 1, 9, 3, 7, 0, 8, 2)]
+    for passes in range(3):  # the keys kept across passes give the same answer
+        snap = rt.order_snapshot(views(queue, False, 0.7), None)
+        expected = [queue[i] for i in rt.policy.decide(snap).order]
+        assert rt.on_order(queue, None, 0, None, matched=False)
+        assert queue == expected, passes
+        queue.reverse()
+
+
+def test_kept_views_follow_forget_or_a_check():
+    rt = _runtime("lof", False)
+    rt.tracks_changes = True  # as with the adder hook in place in a server
+    queue = [FakeReq(i) for i in range(4)]
+    rt.on_order(queue, None, 0, None, matched=False)
+    req = queue[0]
+    req.prefix_len, req.time_stats.wait_queue_entry_time = 99, 500.0  # re-matched, re-queued
+
+    def seen() -> tuple:
+        view = rt.waiting_views.of(queue, checked=False)[queue.index(req)]
+        return view.prefix_len, view.queue_entry_s
+
+    assert seen() != (99, 500.0)  # tracked: not told, not rebuilt
+    rt.waiting_views.forget(req)  # the adder hook examined it
+    assert seen() == (99, 500.0)
+    req.prefix_len = 3
+    assert rt.waiting_views.of(queue, checked=True)[queue.index(req)].prefix_len == 3
+    # a pass where SGLang matched prefixes checks every request
+    req.prefix_len = 4
+    rt.on_order(queue, None, 0, None, matched=True)
+    assert rt.waiting_views.of(queue, checked=False)[queue.index(req)].prefix_len == 4
+
+
+def test_tracking_is_off_where_sglang_changes_waiting_requests_unseen():
+    from types import SimpleNamespace
+
+    from runtime.plugin.hooks import _changes_are_tracked
+
+    assert not _changes_are_tracked(None)
+    # outside a server the hooks are not in place: never tracked
+    assert not _changes_are_tracked(SimpleNamespace(
+        tree_cache=SimpleNamespace(supports_fast_match_prefix=lambda: False)))

@@ -34,8 +34,10 @@ from runtime.plugin import decisions
 from runtime.plugin.views import (
     LazyViews,
     WaitingViews,
+    entry_views,
     preemptible_running,
     req_view,
+    sort_keys,
     tokens_needed,
     views,
 )
@@ -122,8 +124,9 @@ def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
     # (and prefix touches) only, then the policy orders the queue
     skipped = rt.run_without_sort(original, policy_obj, waiting_queue, running_batch,
                                   processed_tokens)
-    if not rt.guarded_order(waiting_queue, running_batch, processed_tokens, None) \
-            and skipped:  # the policy failed: SGLang's own sort for this pass after all
+    # a skipped sort means a cache-agnostic SGLang policy ran: no prefix matched
+    if not rt.guarded_order(waiting_queue, running_batch, processed_tokens, None,
+                            matched=not skipped) and skipped:  # the policy failed: SGLang's own sort for this pass after all
         original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
 
 
@@ -139,6 +142,7 @@ def _adder_class_hook(original, scheduler):
             _ADDER_CLASSES[base] = _make_adder_class(base)
         return _ADDER_CLASSES[base]
     except Exception as exc:
+        _RUNTIME.stop_tracking()  # SGLang's own adder forgets no examined request
         _RUNTIME.failed("raised", "prefill adder class", exc)
         return base
 
@@ -154,8 +158,10 @@ def _make_adder_class(base: type) -> type:
         `preempts_for_kv` (then it retries the request once)."""
 
         def add_one_req(self, req, *args, **kwargs):
-            res = super().add_one_req(req, *args, **kwargs)
             rt = _RUNTIME
+            if rt is not None:  # examined: its prefix match was just redone
+                rt.waiting_views.forget(req)
+            res = super().add_one_req(req, *args, **kwargs)
             if res != no_token or rt is None or not rt.kv_preempts:
                 return res
             try:
@@ -202,7 +208,13 @@ class PluginRuntime:
         self.pass_running: LazyViews | None = None  # views of this pass's running batch
         self._enums = None  # SGLang's policy enums, imported at the first skipped sort
         self.processed_tokens = 0
-        self.waiting_views = WaitingViews()
+        #: the policy's order as a per-request key (`Policy.sort_key`), kept across passes
+        self.sort_key = None if native else policy.sort_key()
+        self.waiting_views = WaitingViews(self.sort_key)
+        #: whether a waiting request's fields change only where `WaitingViews` is told
+        #: (see there); otherwise every pass checks them
+        self.tracks_changes = _changes_are_tracked(scheduler)
+        self.pass_entries: tuple | None = None  # this pass's (entries, order): sort key path
         if self._log is not None:
             server = {"schedule_policy": server_policy,
                       "tp_rank": getattr(scheduler, "tp_rank", 0)}
@@ -276,17 +288,24 @@ class PluginRuntime:
         active = policy_obj._determine_active_policy(queue)
         return None if isinstance(active, cache_aware) else fcfs
 
+    def stop_tracking(self) -> None:
+        self.tracks_changes = False
+        self.waiting_views.clear()
+
     def guarded_order(self, queue: list, running_batch, processed_tokens: int,
-                      before) -> bool:
-        """`on_order`, and the last guard around it; whether the policy's order applied."""
+                      before, matched: bool = True) -> bool:
+        """`on_order`, and the last guard around it; whether the policy's order applied.
+        `matched`: SGLang's `calc_priority` may have redone prefix matches this pass."""
         try:
-            return self.on_order(queue, running_batch, processed_tokens, before)
+            return self.on_order(queue, running_batch, processed_tokens, before, matched)
         except Exception as exc:  # on_order catches its own
             self.failed("raised", "order hook", exc)
             return False
 
-    def on_order(self, queue: list, running_batch, processed_tokens: int, before) -> bool:
+    def on_order(self, queue: list, running_batch, processed_tokens: int, before,
+                 matched: bool = True) -> bool:
         self.pass_queue, self.pass_views, self.pass_running = queue, None, None
+        self.pass_entries = None
         self.processed_tokens = processed_tokens
         if self.native:
             if before is not None:
@@ -297,9 +316,20 @@ class PluginRuntime:
         t0 = time.perf_counter()
         snap = plan = None
         try:
-            snap = self.order_snapshot(queue, running_batch)
-            plan = self.policy.decide(snap)
-            why = None if _is_permutation(plan, len(queue)) else validate_plan(snap, plan)
+            checked = matched or not self.tracks_changes or self._storage_on()
+            entries = self.waiting_views.entries(queue, checked)
+            if self.sort_key is not None:  # the policy's `keyed_order`, keys kept
+                keys = sort_keys(entries)
+                plan = Plan(order=tuple(sorted(range(len(keys)), key=keys.__getitem__)))
+                why = None  # a permutation by construction
+                if self._log is not None:
+                    snap = self.order_snapshot(entry_views(entries), running_batch)
+                else:
+                    self._pass_running(running_batch, self._ratio())
+            else:
+                snap = self.order_snapshot(entry_views(entries), running_batch)
+                plan = self.policy.decide(snap)
+                why = None if _is_permutation(plan, len(queue)) else validate_plan(snap, plan)
         except Exception as exc:
             self.failed("raised", "order", exc, snap, None, t0)
             return False
@@ -307,24 +337,27 @@ class PluginRuntime:
             self.failed("invalid", "order", why, snap, plan, t0)
             return False
         queue[:] = map(queue.__getitem__, plan.order)
-        self.pass_views = (snap.waiting, plan.order)  # permuted if a preempt question asks
+        self.pass_entries = (entries, plan.order)  # permuted if a preempt question asks
         self.decided(snap, plan, "applied", self._timed(t0, "order"))
         return True
 
-    def order_snapshot(self, queue: list, running_batch) -> Snapshot:
+    def order_snapshot(self, waiting: tuple, running_batch) -> Snapshot:
         ratio = self._ratio()
-        # built when first read; nothing a running view reads changes before this pass's
-        # preempt questions, which reuse them
+        return self._snapshot(waiting, self._pass_running(running_batch, ratio), ratio)
+
+    def _pass_running(self, running_batch, ratio: float) -> LazyViews:
+        """This pass's running views, built when first read; nothing a running view reads
+        changes before this pass's preempt questions, which reuse them."""
         self.pass_running = LazyViews(running_batch.reqs if running_batch is not None
                                       else (), True, ratio)
-        return self._snapshot(self.waiting_views.of(queue, ratio), self.pass_running, ratio)
+        return self.pass_running
 
     def _log_native_order(self, queue: list, running_batch, before: list) -> None:
         t0 = time.perf_counter()
         try:
             pos = {id(r): i for i, r in enumerate(before)}
             order = tuple(pos[id(r)] for r in queue)
-            snap = self.order_snapshot(before, running_batch)
+            snap = self.order_snapshot(self.waiting_views.of(before), running_batch)
             self.pass_views = (snap.waiting, order)
         except Exception as exc:
             self.failed("raised", "native order log", exc)
@@ -411,6 +444,11 @@ class PluginRuntime:
     def _queue_views(self, queue: list, ratio: float) -> tuple:
         """The views of this pass's queue in its current order (the order question's,
         permuted as its answer was applied)."""
+        if self.pass_entries is not None:
+            entries, order = self.pass_entries
+            self.pass_entries = None
+            if len(entries) == len(queue):
+                self.pass_views = (tuple(entries[i][1] for i in order), None)
         if self.pass_views is not None:
             known, order = self.pass_views
             if order is not None and len(known) == len(queue):
@@ -448,6 +486,11 @@ class PluginRuntime:
         return done
 
     # shared -------------------------------------------------------------------------------
+    def _storage_on(self) -> bool:
+        s = self.scheduler
+        return bool(getattr(s, "enable_hicache_storage", False)
+                    or getattr(s, "enable_lmcache", False))
+
     def _ratio(self) -> float:
         tracker = getattr(self.scheduler, "new_token_ratio_tracker", None)
         return float(tracker.current) if tracker is not None else 0.7
@@ -554,6 +597,24 @@ def _is_permutation(plan, n: int) -> bool:
 
 
 _INT = {int}
+
+
+def _changes_are_tracked(scheduler) -> bool:
+    """Whether SGLang 0.5.23, as this scheduler runs it, changes a waiting request's view
+    fields only where the plugin hears of it (`WaitingViews`): not with a cache that
+    matches every waiting request in `calc_priority`, nor with disaggregation; and only
+    when the adder hook is in place. (Hierarchical-cache storage and LMCache, which
+    rematch requests the prefill loop then skips, can be switched on at run time:
+    `_storage_on` is asked at every pass.)"""
+    try:
+        if scheduler is None or hooks_missing():
+            return False
+        if scheduler.tree_cache.supports_fast_match_prefix():
+            return False
+        mode = getattr(scheduler, "disaggregation_mode", None)
+        return str(getattr(mode, "value", mode) or "null") == "null"
+    except Exception:
+        return False
 
 
 def _int_of(get) -> int:

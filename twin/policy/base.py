@@ -17,7 +17,9 @@ process or an engine: a policy is a pure function of the snapshot and its own pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 #: SGLang's CLIP_MAX_NEW_TOKENS (schedule_policy.py): the future tokens a reservation counts
 CLIP_MAX_NEW_TOKENS = 4096
@@ -152,12 +154,24 @@ class Policy:
             return Plan(order=tuple(self.order(snap)))
         return Plan(victims=tuple(self.victims(snap)))
 
+    def sort_key(self) -> Callable[[RequestView], Any] | None:
+        """The policy's order as a key over one request's view, when its order is a stable
+        sort of the queue by such a key (it reads the request alone, not the pass's time
+        or the rest of the queue); None otherwise. Then `order` is `keyed_order` with it,
+        and the plugin may keep each waiting request's key across passes instead of
+        asking `order` (the same code, the same answer; docs/plugin.md)."""
+        if self.priority_scheduling and type(self).order is Policy.order:
+            return self._priority_key()
+        return None
+
+    def _priority_key(self) -> Callable[[RequestView], Any]:
+        sign = self.sign
+        return lambda r: (sign * r.priority, r.queue_entry_s)
+
     def order(self, snap: Snapshot) -> list[int]:
         if not self.priority_scheduling:
             return list(range(len(snap.waiting)))
-        w = snap.waiting
-        return sorted(range(len(w)), key=lambda i: (self.sign * w[i].priority,
-                                                    w[i].queue_entry_s))
+        return keyed_order(snap.waiting, self._priority_key())
 
     def victims(self, snap: Snapshot) -> list[int]:
         """SGLang 0.5.23's priority preemption: running requests by lowest priority, then
@@ -168,6 +182,12 @@ class Policy:
         if not self.priority_scheduling or snap.candidate is None:
             return []
         return priority_victims(snap, self.sign, self.threshold)
+
+
+def keyed_order(waiting, key: Callable[[RequestView], Any]) -> list[int]:
+    """Indices of `waiting` sorted (stably) by `key` of each view."""
+    keys = list(map(key, waiting))
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def priority_victims(snap: Snapshot, sign: int, threshold: float) -> list[int]:

@@ -20,6 +20,7 @@ from twin.policy.base import (
     Policy,
     RequestView,
     Snapshot,
+    keyed_order,
 )
 from twin.policy.registry import register
 
@@ -67,12 +68,17 @@ class LOF(Policy):
 
     name = sglang_name = "lof"
 
-    def order(self, snap: Snapshot) -> list[int]:
-        w = snap.waiting
+    def sort_key(self):
+        return self._key() if type(self).order is LOF.order else None
+
+    def _key(self):
         if self.priority_scheduling:
-            return sorted(range(len(w)), key=lambda i: (self.sign * w[i].priority,
-                                                        -w[i].max_new_tokens))
-        return sorted(range(len(w)), key=lambda i: -w[i].max_new_tokens)
+            sign = self.sign
+            return lambda r: (sign * r.priority, -r.max_new_tokens)
+        return lambda r: -r.max_new_tokens
+
+    def order(self, snap: Snapshot) -> list[int]:
+        return keyed_order(snap.waiting, self._key())
 
 
 @register

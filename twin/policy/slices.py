@@ -83,9 +83,18 @@ class SlicePolicy(Policy):
                 - self.w.speed * speed)
 
     def order(self, snap: Snapshot) -> list[int]:
-        w, now = snap.waiting, snap.now
-        scores = [self.score(r, now) for r in w]
-        return sorted(range(len(w)), key=lambda i: (-scores[i], w[i].queue_entry_s))
+        # `score` inlined (the same operations in the same order, so the same floats): the
+        # plugin asks this at every pass, over every waiting request
+        now = snap.now
+        tier, wait, speed_w = self.w.tier, self.w.wait, self.w.speed
+        keys = []
+        for r in snap.waiting:
+            first = r.first_token_s
+            speed = r.generated_tokens / (now - first) \
+                if first is not None and now > first else 0.0
+            keys.append((-(tier * r.priority + wait * (now - r.arrival_s) - speed_w * speed),
+                         r.queue_entry_s))
+        return sorted(range(len(keys)), key=keys.__getitem__)
 
     def victims(self, snap: Snapshot) -> list[int]:
         if self.mode == "conservative" or snap.candidate is None:
