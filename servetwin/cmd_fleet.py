@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
 from servetwin.args import given_server_args, workload_from
@@ -61,11 +62,16 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
         res.write(ns.out)
     if ns.json:
         print(json.dumps(res.summary, indent=2, default=str))
-        return 0
-    print(format_fleet(res.summary))
-    if ns.out:
-        print(f"wrote {ns.out}/requests.jsonl (with replica, pool, attempts), summary.json, "
-              "timeseries.csv (a replica column)")
+    else:
+        print(format_fleet(res.summary))
+        if ns.out:
+            print(f"wrote {ns.out}/requests.jsonl (with replica, pool, attempts), summary.json, "
+                  "timeseries.csv (a replica column)")
+    if res.interrupted:
+        from servetwin.cmd_simulate import interrupted_note
+
+        print(interrupted_note(res.interrupted, res.records, ns.out), file=sys.stderr)
+        return 130
     return 0
 
 

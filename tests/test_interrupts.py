@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,34 @@ def test_simulate_ctrl_c_writes_every_request(tmp_path):
     assert summary["requests"] == n
     assert summary["partial"]["unfinished"] == sum(r["status"] == "aborted" for r in recs)
     assert (out / "timeseries.csv").read_text().startswith("t_s,")
+
+
+def test_fleet_simulate_ctrl_c_writes_every_request(tmp_path):
+    out = tmp_path / "fleet"
+    n = 40_000
+    proc = servetwin("simulate", "--deployment", "finance-sglang-pool", "--workload",
+                     f"arrival=poisson,rate=60,n={n},prompt=uniform:100:2000,"
+                     "output=uniform:50:500", "--out", str(out))
+    wait_for_line(proc, "  pool ", stream="stdout")  # the last header line: built
+    _busy_for(proc, 1.0)  # no progress line in the fleet: 1 CPU-second into the run
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    recs = read_records(out / "requests.jsonl")
+    assert len(recs) == len({r["rid"] for r in recs}) == n
+    aborted = [r for r in recs if r["status"] == "aborted"]
+    assert aborted and all("interrupted (Ctrl-C)" in r["error"] for r in aborted)
+    assert json.loads((out / "summary.json").read_text())["partial"]["unfinished"] == len(
+        aborted)
+
+
+def _busy_for(proc: subprocess.Popen, cpu_s: float, timeout: float = 120.0) -> None:
+    """Until the process has used `cpu_s` more seconds of CPU (Linux /proc)."""
+    def used() -> float:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    start, deadline = used(), time.monotonic() + timeout
+    while used() - start < cpu_s:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)

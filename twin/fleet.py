@@ -369,6 +369,7 @@ class FleetResult:
     summary: dict
     series: list[tuple]
     deployment: Deployment
+    interrupted: str | None = None  # Ctrl-C: why the records are partial
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -398,10 +399,22 @@ def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = 
 def run_deployment(dep: Deployment, slo: SLO | None = None) -> FleetResult:
     """Start a built deployment, run it to the end, and collect its results."""
     dep.start(run_replicas=True)
-    dep.env.run()
+    interrupted = None
+    try:
+        dep.env.run()
+    except KeyboardInterrupt:  # keep what is done: finalize gives the rest `aborted`
+        interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
     dep.finalize()
     records = dep.records()
-    return FleetResult(records, dep.summary(records, slo), dep.series(), dep)
+    summary = dep.summary(records, slo)
+    if interrupted:
+        for r in records:
+            if r["status"] == "aborted" and (r["error"] or "").startswith(("not sent before the "
+                                                                   "horizon", "simulation ended")):
+                r["error"] = f"{interrupted}, before it finished"
+        summary["partial"] = {"stop_reason": interrupted, "simulated_s": round(dep.env.now, 6),
+                              "unfinished": sum(r["status"] == "aborted" for r in records)}
+    return FleetResult(records, summary, dep.series(), dep, interrupted)
 
 
 def with_router(spec: FleetSpec, router: dict, pool_routers: dict | None = None) -> FleetSpec:
