@@ -143,6 +143,7 @@ class VCounters:
     busy_s: float = 0.0
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
+    emitting_steps: int = 0  # steps that emitted a token (vLLM's iteration_tokens count)
 
 
 class VllmReplica(Inbox):
@@ -329,13 +330,16 @@ class VllmReplica(Inbox):
         self.counters.busy_s += dur
         yield self.env.timeout(dur)
         end = self.env.now
+        emitted = False
         for r, n in sched:
             r.computed += n
             if r.computed >= r.prompt_tokens + r.generated_tokens:
+                emitted = True
                 r.generated_tokens += 1
                 r.tok_events.append(end)
                 if r.first_token_s is None:
                     r.first_token_s = end
+        self.counters.emitting_steps += emitted
         self._finish_done(end)
 
     # ---- batched decode -----------------------------------------------------------------
@@ -379,6 +383,7 @@ class VllmReplica(Inbox):
         self.n_dec_steps += k
         dur = float(ends[k - 1]) - self.env.now
         self.counters.decode_steps += k
+        self.counters.emitting_steps += k
         self.counters.busy_s += dur
         for r in self.running:
             r.tok_events.append((start, start + k))

@@ -1,0 +1,95 @@
+"""The twin's vLLM V1 replica against a real vLLM 0.32 CPU server (experiments/vllm_live.py).
+
+One server with small limits (4 sequences, a 512-token budget, 24 KV blocks of 128
+tokens) behind the length router's `/generate` front; a short vLLM step-time profile
+(calibration/vllm.py) first, then the four scenarios, each replayed live and simulated.
+Only what does not depend on the machine's speed is asserted, with the tolerances
+stated: which requests hit the prefix cache and how much (exactly), never more than
+`max_num_seqs` generating and FCFS admission (exactly), the prompt's chunk steps under
+the token budget (exactly 3), preemptions (equal, at least one), and engine steps that
+emitted tokens (within 5 %). Latencies are printed by benchmarks/vllm_live.py, not tested.
+Needs the vLLM harness (tests/conftest.py's `vllm_harness`: a failure in CI, else a skip).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import vllm_live as vl
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, vllm_harness):
+    from runtime.length_router import LengthRouterProcess, Pool
+    from runtime.vllm_cpu.serve import VllmServer
+
+    logs = tmp_path_factory.mktemp("vllm")
+    with VllmServer(vl.cli_args(), log_path=logs / "vllm.log") as engine, \
+            LengthRouterProcess([Pool("vllm", engine.url, "vllm", None)],
+                                log_path=logs / "front.log") as front:
+        yield engine, front, str(vllm_harness.model_dir), logs
+
+
+@pytest.fixture(scope="module")
+def profile(server):
+    from calibration.vllm import profile as run_profile
+
+    engine, front, _, logs = server
+    return run_profile(front.url, engine.url, vl.limits(), logs / "profile.json", 45.0,
+                       vl.VOCAB, vl.SERVER_ARGS, log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def runs(server, profile):
+    engine, front, model_dir, _ = server
+    out = {}
+    for name in vl.SCENARIOS:
+        work = vl.workload(name)
+        live, delta = vl.replay_scenario(front.url, engine.url, work)
+        twin = vl.simulate(work, model_dir, profile)
+        out[name] = (live, twin, vl.live_row(name, live, delta), vl.twin_row(name, twin))
+    return out
+
+
+def test_the_vllm_profile_fits_step_times_from_both_sample_sources(profile):
+    sources = profile["fit"]["samples_by_source"]
+    assert sources.get("token-gap", 0) > 20 and sources.get("vllm-prefill-time", 0) >= 3
+    coef = profile["step_time"]["coefficients"]
+    assert coef["step"] > 0 and coef["prefill_token"] > 0
+    assert 0 < profile["request_path"]["total_s"] < 1.0
+
+
+def test_every_scenario_completes_on_both_sides(runs):
+    for name, (_, _, live, twin) in runs.items():
+        assert live["ok"] == live["requests"] == twin["ok"] == twin["requests"], name
+
+
+def test_the_same_requests_hit_the_prefix_cache_for_the_same_tokens(runs):
+    live, twin, lrow, _ = runs["prefix"]
+    assert {r["rid"]: r["cached_tokens"] for r in live} == \
+        {r["rid"]: r["cached_tokens"] for r in twin.records}
+    assert lrow["hits"] > 0  # whole 128-token blocks of the 256-token templates
+
+
+def test_max_num_seqs_and_fcfs_admission(runs):
+    _, _, live, twin = runs["seqs"]
+    assert live["max_running"] == twin["max_running"] == 4
+    assert live["fcfs"] and twin["fcfs"]
+
+
+def test_the_token_budget_chunks_a_long_prompt_into_three_steps(runs):
+    _, _, live, twin = runs["chunk"]
+    assert live["chunk_steps"] == twin["chunk_steps"] == 3
+
+
+def test_recompute_preemption_when_kv_blocks_run_out(runs):
+    _, _, live, twin = runs["preempt"]
+    assert live["preemptions"] == twin["preemptions"] >= 1
+
+
+def test_engine_steps_that_emit_tokens(runs):
+    for name in ("seqs", "chunk", "preempt"):
+        _, _, live, twin = runs[name]
+        assert abs(live["steps"] - twin["steps"]) <= 0.05 * live["steps"], (name, live, twin)
