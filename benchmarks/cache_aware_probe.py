@@ -5,8 +5,10 @@
 Two CPU SGLang servers (runtime/fleet.py), a fresh cache_aware router (`--log-level debug`,
 its log and Prometheus text printed at the end), ten sequential requests (each answered
 before the next): five distinct 256-token templates, two repeated, two with no template;
-once as `input_ids`, once as `text`. Prints the replica that served each request and its
-cached tokens. docs/fleet-live.md has the result.
+once as `input_ids`, once as `text`. Then, on a fresh router, a miss while another request
+is in flight: A (64 output tokens) is sent, B (another template) 0.5 s later while A still
+runs, then C (a third template) after both ended. Prints the replica that served each
+request and its cached tokens. docs/fleet-live.md has the result.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -28,8 +32,10 @@ SEQUENCE = (("A", 1), ("B", 2), ("C", 3), ("A", 4), ("B", 5), ("N", 6), ("C", 7)
 TEMPLATES = {"A": 1000, "B": 1001, "C": 1002, "D": 1003, "E": 1004}
 
 
-def generate(url: str, rid: str, ids: list[int] | None, text: str | None) -> dict:
-    body: dict = {"rid": rid, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+def generate(url: str, rid: str, ids: list[int] | None, text: str | None,
+             max_new: int = 2) -> dict:
+    body: dict = {"rid": rid, "sampling_params": {"max_new_tokens": max_new,
+                                                  "ignore_eos": True}}
     body.update({"input_ids": ids} if text is None else {"text": text})
     req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -57,8 +63,30 @@ def main() -> int:
                     served.append(f"{name}{i}:{meta.get('weight_version')}"
                                   f"(cached {meta.get('cached_tokens')})")
                 print(f"{mode}: " + "  ".join(served), flush=True)
+        opts = RouterOptions(policy="cache_aware", log_level="debug")
+        with RouterProcess(fleet.worker_urls, opts, env=fleet.router_env,
+                           log_path=logs / "router-concurrent.log") as router:
+            print("concurrent: " + "  ".join(concurrent(router.url, tokens)), flush=True)
         print(f"router logs in {logs}")
     return 0
+
+
+def concurrent(url: str, tokens: SegmentTokens) -> list[str]:
+    """A long request A; B (a miss) while A is in flight; C (a miss) once both ended."""
+    out: dict[str, dict] = {}
+
+    def send(name: str, i: int, max_new: int) -> None:
+        segs = [(TEMPLATES[name], 256), (60_000 + i, 48)]
+        out[name] = generate(url, f"conc-{name}{i}", tokens.prompt(segs), None, max_new)
+
+    first = threading.Thread(target=send, args=("A", 1, 64))
+    first.start()
+    time.sleep(0.5)
+    send("B", 2, 2)
+    first.join()
+    send("C", 3, 2)
+    return [f"{n}:{m.get('weight_version')}(cached {m.get('cached_tokens')})"
+            for n, m in sorted(out.items())]
 
 
 if __name__ == "__main__":

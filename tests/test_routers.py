@@ -84,27 +84,35 @@ def test_least_load_counts_the_routers_own_in_flight_requests():
     assert order == ["r0", "r1", "r0", "r0"]
 
 
-def test_cache_aware_from_a_cold_tree_sends_every_miss_to_the_first_worker():
-    # workers are registered with empty text (no size entry): a miss finds no smallest
-    # tenant ("empty"), falls back to the first healthy worker and inserts nothing, so the
-    # tree stays cold and everything goes to r0 (sglang-router 0.3.2, as measured live)
+def test_cache_aware_sends_a_miss_to_the_least_loaded_worker_and_a_hit_to_its_tree():
+    # A misses (loads 0, 0): the first worker, r0, its prompt inserted for r0; B (a new
+    # prefix, A in flight: loads 1, 0) misses -> r1; C matches X in r0's tree
+    # (1000/1100 > 0.3) -> r0; D matches Y -> r1; E (new; loads 2, 2) misses -> r0, the
+    # first on a tie (sgl-model-gateway 0.3.2, as measured live: cache_aware_probe.py)
     X, Y = (11, 1000), (12, 1000)
     reqs = [req("A", 0.0, [X, (101, 100)], 2), req("B", 0.1, [Y, (102, 100)], 2),
             req("C", 0.2, [X, (103, 100)], 2), req("D", 0.3, [Y, (104, 100)], 2),
             req("E", 0.4, [(105, 500)], 2)]
     router = make_router("cache_aware")
     order, res = fleet(reqs, router)
-    assert order == ["r0"] * 5
-    assert router.decisions == {"balance": 0, "cache_hit": 0, "cache_miss": 5,
-                                "fallback_first": 5}
-    assert res.summary["router_decisions"]["fallback_first"] == 5
+    assert order == ["r0", "r1", "r0", "r1", "r0"]
+    assert router.decisions == {"balance": 0, "cache_hit": 2, "cache_miss": 3,
+                                "fallback_first": 0}
+    assert res.summary["router_decisions"]["cache_hit"] == 2
 
 
-def test_cache_aware_balance_seeds_a_tree_which_matches_and_misses_then_follow():
-    # thresholds abs 1, rel 1.0: A and B go to r0 (cold tree); C sees loads (2, 0):
-    # imbalanced -> least loaded r1, its prompt inserted for r1; D (loads 2, 1: balanced)
-    # matches X in r1's tree (1000/1010 > 0.3) -> r1; E (a new prefix; loads 2, 2) misses
-    # -> the smallest tree among workers with text: r1's, the only one
+def test_cache_aware_sequential_misses_all_go_to_the_first_worker():
+    # each request ends before the next arrives: every miss sees loads (0, 0) -> r0
+    reqs = [req(f"R{i}", 20.0 * i, [(200 + i, 500)], 2) for i in range(4)]
+    order, _ = fleet(reqs, make_router("cache_aware"))
+    assert order == ["r0"] * 4
+
+
+def test_cache_aware_balance_rule_then_the_most_recent_holder_of_a_match():
+    # thresholds abs 1, rel 1.0: A misses -> r0; B matches X in r0's tree -> r0; C sees
+    # loads (2, 0): imbalanced -> least loaded r1, its prompt inserted for r1; D (loads
+    # 2, 1: balanced) matches X, held by r0 and r1: the most recent, r1; E (a new prefix;
+    # loads 2, 2) misses -> r0, the first on a tie
     X, Y = (11, 1000), (12, 1000)
     reqs = [req("A", 0.0, [X, (1, 10)], 20), req("B", 0.1, [X, (2, 10)], 20),
             req("C", 0.2, [X, (3, 10)], 20), req("D", 0.3, [X, (4, 10)], 20),
@@ -112,9 +120,9 @@ def test_cache_aware_balance_seeds_a_tree_which_matches_and_misses_then_follow()
     router = make_router("cache_aware", {"balance_abs_threshold": 1,
                                          "balance_rel_threshold": 1.0})
     order, _ = fleet(reqs, router)
-    assert order == ["r0", "r0", "r1", "r1", "r1"]
-    assert router.decisions == {"balance": 1, "cache_hit": 1, "cache_miss": 3,
-                                "fallback_first": 2}
+    assert order == ["r0", "r0", "r1", "r1", "r0"]
+    assert router.decisions == {"balance": 1, "cache_hit": 2, "cache_miss": 2,
+                                "fallback_first": 0}
 
 
 def test_cache_aware_follows_its_tree_once_both_workers_have_text():

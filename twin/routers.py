@@ -238,14 +238,15 @@ class CacheAwareRouter(_Base):
     min, over all workers — the least-loaded healthy worker, and the prompt is inserted
     for it; else the worker holding the longest prefix match in the router's own
     approximate tree, if the match rate (matched / prompt) exceeds `cache_threshold`, else
-    the worker with the smallest tree among those that ever had text inserted; the prompt
-    is inserted for it. When there is no such worker yet ("empty": workers are registered
-    with empty text, which leaves no size entry) or it is unhealthy, the first healthy
-    worker gets the request and the tree is not updated — so from a cold tree every miss
-    goes to the first worker until the balance rule seeds another worker's tree (as the
-    live fleet measured, docs/fleet-live.md). Every `eviction_interval_s` each worker's
-    share of the tree is cut to `max_tree_size` characters, least recently used leaves
-    first.
+    the least-loaded healthy worker (the first on a tie); the prompt is inserted for the
+    chosen worker. A matched worker that is unhealthy: the first healthy worker, tree not
+    updated. That is sgl-model-gateway 0.3.2's `select_worker` (the installed binary has
+    `select_worker_min_load` and no `get_smallest_tenant`; the code comments' "smallest
+    tree" is older sgl-router's); measured live: a miss sent while another request is in
+    flight on worker 0 goes to worker 1, sequential misses all go to worker 0
+    (benchmarks/cache_aware_probe.py, docs/fleet-live.md). Every `eviction_interval_s`
+    each worker's share of the tree is cut to `max_tree_size` characters, least recently
+    used leaves first.
 
     The real tree holds request text; the twin's holds prompt segments and counts
     `chars_per_token` characters per token (sizes only; match rates are ratios). Where the
@@ -286,10 +287,10 @@ class CacheAwareRouter(_Base):
                 chosen = tenant
             else:
                 self.decisions["cache_miss"] += 1
-                chosen = self.tree.smallest_tenant()
+                chosen = min(ok, key=lambda w: (w.load, w.index)).index
             if chosen not in {w.index for w in ok}:
-                # "empty" (no worker has text in the tree yet), a worker gone or unhealthy:
-                # the first healthy worker, and the tree is not updated
+                # the matched worker is gone or unhealthy: the first healthy worker, and
+                # the tree is not updated
                 self.decisions["fallback_first"] += 1
                 return ok[0].index
         self.tree.insert(req.segments, chosen, now)
