@@ -130,3 +130,24 @@ def _busy_for(proc: subprocess.Popen, cpu_s: float, timeout: float = 120.0) -> N
     while used() - start < cpu_s:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
+
+
+def test_rl_train_ctrl_c_keeps_a_checkpoint_and_resumes(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    out = tmp_path / "rl"
+    args = ("rl", "train", "--env", "tiny", "--timesteps", "1000000", "--eval-every",
+            "1000000", "--out", str(out))
+    proc = servetwin(*args)
+    wait_for_line(proc, " episodes, recent return", stream="stdout")  # a rollout done
+    proc.send_signal(signal.SIGINT)
+    outs, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted (Ctrl-C) at" in outs and "run the same command again" in outs
+    state = json.loads((out / "checkpoint.json").read_text())
+    steps = state["num_timesteps"]
+    assert 0 < steps < 1_000_000 and state["partial"]["timesteps"] == steps
+    again = servetwin(*args)
+    line = wait_for_line(again, "resumed from", stream="stdout")
+    again.send_signal(signal.SIGINT)
+    again.communicate(timeout=120)
+    assert f"at {steps} steps" in line and again.returncode == 130

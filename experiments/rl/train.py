@@ -17,6 +17,7 @@ freshly seeded environments; it is not bit-identical to an uninterrupted run.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from experiments.rl.export import (
     optimizer_to_flat,
     save_state,
 )
+from twin.outputs import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class TrainConfig:
 
 
 def _json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 class Trainer:
@@ -151,13 +153,27 @@ class Trainer:
         self.model.set_env(self._envs(self.tc.seed + 7919 * self.model.num_timesteps))
         self.log(f"resumed from {path} at {self.model.num_timesteps} steps")
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, partial: dict | None = None) -> None:
+        """Weights and optimizer, then the step count: each file replaced whole (an
+        interrupted write leaves the previous checkpoint)."""
         flat, groups = optimizer_to_flat(self.model.policy.optimizer.state_dict())
         state = {f"policy.{k}": v for k, v in self.model.policy.state_dict().items()}
-        save_state(self.out / "checkpoint.safetensors", {**state, **flat}, groups)
+        tmp = self.out / ".checkpoint.safetensors.tmp"
+        save_state(tmp, {**state, **flat}, groups)
+        os.replace(tmp, self.out / "checkpoint.safetensors")
         _json(self.out / "checkpoint.json", {
             "num_timesteps": self.model.num_timesteps, "n_updates": self.model._n_updates,
-            "history": self.history, "best": self.best})
+            "history": self.history, "best": self.best} | ({"partial": partial} if partial
+                                                            else {}))
+
+    def interrupted(self) -> None:
+        """Ctrl-C while training: keep the steps done in the checkpoint, and say so."""
+        done, total = self.model.num_timesteps, self.tc.timesteps
+        self.checkpoint({"stop_reason": "interrupted (Ctrl-C)", "timesteps": done,
+                         "of": total})
+        self.log(f"interrupted (Ctrl-C) at {done} of {total} steps: kept in "
+                 f"{self.out / 'checkpoint.safetensors'} and checkpoint.json (marked partial, "
+                 f"{len(self.history)} evaluations); run the same command again to resume")
 
     # ---- evaluation -----------------------------------------------------------------
     def heuristics(self) -> dict[str, dict]:
@@ -213,7 +229,11 @@ class Trainer:
         if not self.history and self.tc.prior_rule is not None:
             self.evaluate(0.0)  # the prior alone: the checkpoint to beat
         if left > 0:
-            self.model.learn(left, callback=self._callback(t0), reset_num_timesteps=False)
+            try:
+                self.model.learn(left, callback=self._callback(t0), reset_num_timesteps=False)
+            except KeyboardInterrupt:
+                self.interrupted()
+                raise
         if not self.history or self.history[-1]["timesteps"] != self.model.num_timesteps:
             self.evaluate(time.process_time() - t0)
         self.checkpoint()
