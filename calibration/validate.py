@@ -113,7 +113,7 @@ def _client_view(rec: dict, ingress: float, egress: float) -> dict:
 
 def validate(url: str, profile_path: Path, workload: Workload, out: Path | None = None,
              force: bool = False, seed: int = 0, progress=None) -> Validation:
-    from runtime.client import ReplayConfig, replay
+    from runtime.client import INTERRUPTED, ReplayConfig, replay
 
     facts = server_facts(url)
     profile = read_profile(profile_path)
@@ -121,6 +121,8 @@ def validate(url: str, profile_path: Path, workload: Workload, out: Path | None 
     live = replay(workload, ReplayConfig(url=url, seed=seed), progress, facts)
     if out is not None:
         live.write(out / "live")
+    if live.stop_reason == INTERRUPTED:
+        raise KeyboardInterrupt  # Ctrl-C: the live records so far are written
     if live.stop_reason:
         live.check()  # raises: the live run is incomplete
     # the client's lateness is no error here: the twin gets the actual send times

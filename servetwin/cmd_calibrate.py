@@ -151,8 +151,16 @@ def run_validate(ns: argparse.Namespace) -> int:
     workload = workload_from(ns)
     check_out_dir(ns.out)
     progress = Progress(len(workload.requests))
-    v = validate(ns.url.rstrip("/"), ns.calibration, workload, ns.out, ns.force, ns.seed,
-                 progress)
+    try:
+        v = validate(ns.url.rstrip("/"), ns.calibration, workload, ns.out, ns.force, ns.seed,
+                     progress)
+    except KeyboardInterrupt:
+        kept = (f"the live run so far is in {ns.out}/live (every request recorded, "
+                "summary.json marked partial)" if (ns.out / "live" / "summary.json").exists()
+                else "nothing was replayed yet")
+        print(f"\nservetwin validate: interrupted (Ctrl-C): {kept}; no comparison made",
+              file=sys.stderr)
+        return 130
     progress.close()
     print(f"workload: {workload.name} ({len(workload.requests)} requests); twin step time: "
           f"{v.backend}")
