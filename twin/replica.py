@@ -100,6 +100,7 @@ class Replica(Inbox, KVMemory):
         self.new_token_ratio = self.init_ratio
         # end times of every step that decoded, in chunks (one per decode run or mixed step)
         self._end_chunks: list[np.ndarray] = []
+        self._end_blocks: list[np.ndarray] = []  # older chunks, folded (`_add_ends`)
         self.n_dec_steps = 0
         self.counters = Counters()
         self.series: list[tuple] = []  # (t, running, waiting, kv_used, cached, ratio)
@@ -114,6 +115,7 @@ class Replica(Inbox, KVMemory):
         self._placed_any = True  # whether the last prefill pass placed anything
         self.cur_batch: list[SimRequest] = []  # the prefill batch being run
         self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
+        self._counts_only = type(self.alloc) is TokenPool  # decode_steps is room // batch
 
     def _sleep(self, dur: float) -> simpy.Event | None:
         """The replica is busy for `dur` seconds: the event to wait on, or None when the
@@ -385,7 +387,7 @@ class Replica(Inbox, KVMemory):
             yield ev
         end = self.env.now
         if decoders:
-            self._end_chunks.append(np.array([end]))
+            self._add_ends(np.array([end]))
             self.n_dec_steps += 1
             self._advance(decoders, 1)
         for req, ext in batch:
@@ -434,39 +436,59 @@ class Replica(Inbox, KVMemory):
 
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
-        b = len(self.running)
-        owners = [r.index for r in self.running]
+        running = self.running
+        b = len(running)
+        now = self.env.now
+        room = self.room()
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
-        k_mem = max(self.alloc.decode_steps(owners, self.room()), 1)
-        k = min(min(r.remaining for r in self.running), k_mem)
-        kv0 = sum(r.fill_len for r in self.running)
+        k_mem = room // b if self._counts_only else self.alloc.decode_steps(
+            [r.index for r in running], room)
+        k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
+        kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
         limit = self._next_boundary()
-        if limit is not None and k > 1:  # steps only lengthen as KV grows: bound k first
-            first = float(self.st.decode_times(b, np.array([kv0]))[0])
-            k = min(k, int((limit - self.env.now) / first) + 1)
+        # every step's duration is elementwise in its KV sum: one call gives them all
         times = self.st.decode_times(b, kv0 + b * np.arange(k))
-        ends = self.env.now + np.cumsum(times)
-        if limit is not None and ends[-1] > limit:
-            k = int(np.searchsorted(ends, limit, side="left")) + 1
-            k = min(k, len(ends))
-        if not self._grow_decoders(self.running, k):
+        if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
+            bound = int((limit - now) / float(times[0])) + 1
+            if bound < k:
+                k, times = bound, times[:bound]
+        ends = now + np.cumsum(times)
+        if ends[-1] > limit:
+            k = min(int(np.searchsorted(ends, limit, side="left")) + 1, len(ends))
+        if not self._grow_decoders(running, k):
             return
         dur_copy = self._stall  # re-allocation copies happen inside this run
         self._stall = 0.0
         if self.step_log is not None:
-            self.step_log.append(("decode", self.env.now, [r.rid for r in self.running], k))
-        self._end_chunks.append(ends[:k])
+            self.step_log.append(("decode", now, [r.rid for r in running], k))
+        self._add_ends(ends[:k])
         self.n_dec_steps += k
-        dur = float(ends[k - 1]) - self.env.now + dur_copy
-        self.counters.stall_s += dur_copy
-        self.counters.decode_steps += k
-        self.counters.busy_s += dur
+        dur = float(ends[k - 1]) - now + dur_copy
+        c = self.counters
+        c.stall_s += dur_copy
+        c.decode_steps += k
+        c.busy_s += dur
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
-        self._advance(self.running, k)
+        done = False
+        for r in running:
+            r.generated_tokens += k
+            r.private += k
+            if r.generated_tokens >= r.max_new_tokens:
+                done = True
         ev = self._sleep(dur)
         if ev is not None:
             yield ev
-        self._finish_done(self.env.now)
+        if done:
+            self._finish_done(self.env.now)
+
+    def _add_ends(self, ends: np.ndarray) -> None:
+        """Append step end times; many small arrays are folded into one now and then
+        (a day of traffic has millions of decode runs)."""
+        chunks = self._end_chunks
+        chunks.append(ends)
+        if len(chunks) > 4096:
+            self._end_blocks.append(np.concatenate(chunks[:-1]))
+            del chunks[:-1]
 
     def _next_boundary(self) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
@@ -488,10 +510,10 @@ class Replica(Inbox, KVMemory):
             r.private += k
 
     def _finish_done(self, now: float) -> None:
-        done = [r for r in self.running if r.remaining <= 0]
+        done = [r for r in self.running if r.generated_tokens >= r.max_new_tokens]
         if not done:
             return
-        self.running = [r for r in self.running if r.remaining > 0]
+        self.running = [r for r in self.running if r.generated_tokens < r.max_new_tokens]
         self.shrunk = True
         for r in done:
             self._finish(r, now)
@@ -602,7 +624,7 @@ class Replica(Inbox, KVMemory):
         now = self.env.now
         ends = self.step_end
         keep = int(np.searchsorted(ends, now, side="right"))
-        self._end_chunks, self.n_dec_steps = [ends[:keep]], keep
+        self._end_chunks, self._end_blocks, self.n_dec_steps = [ends[:keep]], [], keep
         live = [*self.running, *([self.chunked] if self.chunked else []), *self.waiting,
                 *[r for r in self.cur_batch if not r.status]]
         live = list({id(r): r for r in live}.values())
@@ -650,7 +672,8 @@ class Replica(Inbox, KVMemory):
     @property
     def step_end(self) -> np.ndarray:
         """End time of every step that decoded (decode and mixed steps), in order."""
-        return np.concatenate(self._end_chunks) if self._end_chunks else np.empty(0)
+        parts = self._end_blocks + self._end_chunks
+        return np.concatenate(parts) if parts else np.empty(0)
 
     def check_integrity(self) -> None:
         self.alloc.check_integrity()
