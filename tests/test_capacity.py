@@ -7,7 +7,7 @@ import json
 import pytest
 
 from servetwin.cli import main
-from twin.config import ServerArgs, derive_capacity
+from twin.config import ServerArgs, derive_capacity, gpu_memory_defaults
 from twin.errors import ConfigError, InfeasibleError
 from twin.models import aic_catalog, get_model
 
@@ -38,6 +38,38 @@ def test_reserve_floor_of_10_gib_on_large_gpus():
     # 512 + 2048 * 1.5 + 8 * 2 + 128 = 3728 MiB < 10 GiB floor
     assert derive_capacity(args, "h100-sxm-80gb").mem_fraction_static == round(
         (81920 - 10240) / 81920, 3)
+
+
+def test_gpu_memory_defaults_are_sglang_0_5_23s():
+    # memory_hook.handle_gpu_memory_settings: (chunked_prefill_size, decode graph max_bs)
+    assert gpu_memory_defaults(16 * 1024, 1) == (2048, 8)
+    assert gpu_memory_defaults(24 * 1024, 1) == (4096, 48)  # A10/4090: 4k, 48 (tp < 4)
+    assert gpu_memory_defaults(24 * 1024, 4) == (4096, 160)
+    assert gpu_memory_defaults(40 * 1024, 2) == (4096, 32)
+    assert gpu_memory_defaults(80 * 1024, 2) == (8192, 256)
+    assert gpu_memory_defaults(140 * 1024, 4) == (8192, 512)
+    assert gpu_memory_defaults(180 * 1024, 1) == (16384, 512)
+
+
+def test_given_max_running_requests_caps_the_default_graph_batch_and_is_not_pool_bound():
+    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", max_running_requests=12)
+    cap = derive_capacity(args, "a100-sxm-80gb")
+    assert cap.cuda_graph_max_bs == 12  # min(256, max_running_requests)
+    # the graph reserve shrinks with it: 512 + 8192 x 1.5 + 12 x 2 + 128 MiB
+    assert cap.mem_fraction_static == round((81920 - (512 + 12288 + 24 + 128)) / 81920, 3)
+    explicit = ServerArgs(model_path="meta-llama/Llama-3.1-8B", max_running_requests=12,
+                          cuda_graph_max_bs_decode=64)
+    assert derive_capacity(explicit, "a100-sxm-80gb").cuda_graph_max_bs == 64
+    # resolve_max_num_reqs: a given cap is bounded by half the pool only, not by the
+    # estimated request pool (at most 4096)
+    big = ServerArgs(model_path="meta-llama/Llama-3.1-8B", max_running_requests=5000)
+    cap = derive_capacity(big, "a100-sxm-80gb")
+    assert cap.max_running_requests == min(5000, cap.max_total_num_tokens // 2) == 5000
+    default = derive_capacity(ServerArgs(model_path="meta-llama/Llama-3.1-8B"),
+                              "a100-sxm-80gb")
+    assert default.max_running_requests == min(max(min(int(
+        default.max_total_num_tokens / 131072 * 512), 4096), 2048),
+        default.max_total_num_tokens // 2)
 
 
 def test_explicit_fraction_and_max_total_tokens():

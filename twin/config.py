@@ -73,6 +73,7 @@ class ServerArgs:
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = 10
     disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False  # the overlap loop is on by default (twin/overlap.py)
     cuda_graph_max_bs_decode: int | None = None  # SGLang 0.5.23's name (no --cuda-graph-max-bs)
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
@@ -157,17 +158,17 @@ class Capacity:
 
 
 def gpu_memory_defaults(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory, as SGLang 0.5.x's
-    `ServerArgs._handle_gpu_memory_settings` chooses them."""
-    if gpu_mem_mib < 20 * 1024:
+    """(chunked_prefill_size, decode cuda_graph max_bs) by GPU memory, as SGLang 0.5.23's
+    `handle_gpu_memory_settings` (srt/arg_groups/memory_hook.py) chooses them."""
+    if gpu_mem_mib < 20 * 1024:  # T4, 4080
         return 2048, 8
-    if gpu_mem_mib < 35 * 1024:
-        return 2048, 24 if tp < 4 else 80
-    if gpu_mem_mib < 60 * 1024:
+    if gpu_mem_mib < 35 * 1024:  # A10, 4090, 5090
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mem_mib < 60 * 1024:  # A100 40GB, L40
         return 4096, 32 if tp < 4 else 160
-    if gpu_mem_mib < 160 * 1024:
+    if gpu_mem_mib < 160 * 1024:  # H100, A100 80GB, H20, H200
         return 8192, 256 if tp < 4 else 512
-    return 16384, 512
+    return 16384, 512  # B200, MI300
 
 
 def default_mem_fraction(gpu_mem_mib: float, chunk: int, max_prefill: int, graph_bs: int,
@@ -192,6 +193,8 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
     chunk_default, graph_bs_default = gpu_memory_defaults(mem_mib, args.tp_size)
     chunk = args.chunked_prefill_size if args.chunked_prefill_size is not None else chunk_default
     graph_bs = args.cuda_graph_max_bs_decode or graph_bs_default
+    if args.cuda_graph_max_bs_decode is None and args.max_running_requests is not None:
+        graph_bs = min(graph_bs, args.max_running_requests)  # SGLang caps the default
     frac = args.mem_fraction_static or default_mem_fraction(
         mem_mib, chunk, args.max_prefill_tokens, graph_bs, args.tp_size)
     weights = model.weight_bytes_per_gpu(args.tp_size)
@@ -217,8 +220,13 @@ def derive_capacity(args: ServerArgs, gpu_name: str) -> Capacity:
                 f"{kv_per_token / 1024:.0f} KiB per token = {fit} tokens")
         total = args.max_total_tokens // args.page_size * args.page_size
     context = args.context_length or model.context_len
+    # SGLang 0.5.23's resolve_max_num_reqs: the estimated request pool bounds only the
+    # default; a given --max-running-requests is bounded by half the token pool alone
     req_pool = min(max(int(total / context * 512), 2048), 4096)
-    max_running = min(args.max_running_requests or total // 2, req_pool)
+    if args.max_running_requests is not None:
+        max_running = min(args.max_running_requests, total // 2)
+    else:
+        max_running = min(req_pool, total // 2)
     return Capacity(
         model=model, gpu=gpu, tp_size=args.tp_size, mem_fraction_static=frac,
         weight_bytes_per_gpu=weights, kv_bytes_per_token=kv_per_token,

@@ -10,19 +10,29 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from twin.request_path import OFF, RequestPath, Tokenizer
 from twin.workload import Request, Workload
 
 
 class Source:
     """Releases the workload's requests in order. Closed loop (`concurrency` set): at most
     that many in flight; a request is sent at the later of its arrival time and the moment
-    a slot frees (`bench_serving --max-concurrency`)."""
+    a slot frees (`bench_serving --max-concurrency`).
 
-    def __init__(self, workload: Workload) -> None:
+    With a `RequestPath` (twin/request_path.py) a request reaches the server through the
+    tokenizer manager's queue, and a closed-loop client sends its next request when the
+    last one's final chunk arrives (`egress_s` after it left the server); the times here
+    are then arrivals at the scheduler, and `pop_ready` hands out the client's send time
+    (the record's `arrival_s`, from which TTFT counts)."""
+
+    def __init__(self, workload: Workload, path: RequestPath = OFF) -> None:
         self._pending = deque(workload.requests)
         self._limit = workload.concurrency
         self._in_flight = 0
-        self._ready: list[tuple[float, int, Request]] = []  # (send time, seq, request)
+        self._ready: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
+        self._sent: dict[int, float] = {}  # seq -> client send time (with a path only)
+        self._path = path
+        self._tokenizer = None if path.off else Tokenizer(path)
         self._seq = 0
         self._fill(0.0)
 
@@ -30,7 +40,12 @@ class Source:
         while self._pending and (self._limit is None or self._in_flight < self._limit):
             req = self._pending.popleft()
             self._in_flight += 1
-            heapq.heappush(self._ready, (max(req.arrival_s, now), self._seq, req))
+            sent = max(req.arrival_s, now)
+            at = sent
+            if self._tokenizer is not None:
+                at = self._tokenizer.arrival(sent, req.prompt_tokens)
+                self._sent[self._seq] = sent
+            heapq.heappush(self._ready, (at, self._seq, req))
             self._seq += 1
 
     def next_time(self) -> float | None:
@@ -50,14 +65,15 @@ class Source:
     def pop_ready(self, now: float) -> list[tuple[float, Request]]:
         out = []
         while self._ready and self._ready[0][0] <= now:
-            t, _, req = heapq.heappop(self._ready)
-            out.append((t, req))
+            t, seq, req = heapq.heappop(self._ready)
+            out.append((self._sent.pop(seq, t), req))
         return out
 
     def finished(self, now: float) -> None:
-        """A request left the system: a closed-loop client sends its next one."""
+        """A request left the system: a closed-loop client sends its next one (when the
+        final chunk reached it)."""
         self._in_flight -= 1
-        self._fill(now)
+        self._fill(now + self._path.egress_s)
 
     @property
     def exhausted(self) -> bool:

@@ -1,0 +1,101 @@
+"""SGLang's overlap loop and request path (issue 10), pinned by hand-worked numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin.config import ServerArgs, derive_capacity
+from twin.overlap import OverlapStepTime, overlaps
+from twin.perf import make_step_time
+from twin.request_path import RequestPath, Tokenizer, client_view
+from twin.source import Source
+from twin.workload import from_spec
+
+pytestmark = pytest.mark.offline
+
+
+class Stub:
+    """GPU 10 ms per prefill chunk plus 1 ms per decode request; overhead 3 ms."""
+
+    name = "roofline"
+
+    def breakdown(self, chunks, lens):
+        return {"gpu": 0.010 * len(chunks) + 0.001 * len(lens), "overhead": 0.003}
+
+    def step_time(self, chunks, lens):
+        return sum(self.breakdown(chunks, lens).values())
+
+    def decode_times(self, b, kv_sums):
+        return np.full(np.shape(kv_sums), 0.001 * b + 0.003)
+
+    def describe(self):
+        return "stub"
+
+
+def test_overlap_step_is_the_longer_of_gpu_and_cpu():
+    st = OverlapStepTime(Stub())
+    assert st.step_time([(100, 0)], [5, 5]) == pytest.approx(0.012)  # 12 ms GPU > 3 ms
+    assert st.step_time([], [5]) == pytest.approx(0.003)  # 1 ms GPU < 3 ms CPU
+    assert st.decode_times(8, np.array([80, 88])) == pytest.approx([0.008, 0.008])
+    assert st.decode_times(2, np.array([10])) == pytest.approx([0.003])
+    parts = st.breakdown([], [5])
+    assert sum(parts.values()) == pytest.approx(st.step_time([], [5]))
+
+
+def test_overlap_on_gpus_by_default_and_off_with_the_flag_or_a_fitted_model():
+    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B")
+    roof = make_step_time("roofline", derive_capacity(args, "h100-sxm-80gb"), args)
+    assert overlaps(args, roof)
+    assert not overlaps(ServerArgs(model_path="meta-llama/Llama-3.1-8B",
+                                   disable_overlap_schedule=True), roof)
+
+    class Fitted(Stub):
+        name = "fitted"
+    assert not overlaps(args, Fitted())
+    wrapped = OverlapStepTime(roof)
+    kv = np.array([4096 * 64.0])
+    oh = roof.breakdown([], [1] * 64)["overhead"]
+    assert wrapped.decode_times(64, kv)[0] == pytest.approx(
+        max(roof.decode_times(64, kv)[0] - oh, oh))
+
+
+def test_tokenizer_manager_serves_requests_one_after_another():
+    path = RequestPath(per_request_s=1e-3, per_token_s=1e-6, latency_s=2e-3)
+    tok = Tokenizer(path)
+    # three 1000-token prompts sent together: 2 ms of service each, then 2 ms to the
+    # scheduler; a fourth sent later, after the queue has drained, waits for nothing
+    assert [tok.arrival(0.0, 1000) for _ in range(3)] == pytest.approx([0.004, 0.006, 0.008])
+    assert tok.arrival(1.0, 0) == pytest.approx(1.003)
+
+
+def test_closed_loop_source_through_the_request_path():
+    wl = from_spec("arrival=closed,concurrency=2,n=3,prompt=fixed:1000,output=fixed:4",
+                   seed=0)
+    src = Source(wl, RequestPath(per_request_s=1e-3, per_token_s=1e-6, egress_s=5e-3))
+    assert src.next_time() == pytest.approx(0.002)
+    first = src.pop_ready(0.002)
+    assert [t for t, _ in first] == [0.0]  # handed out with the client's send time
+    assert src.next_time() == pytest.approx(0.004)
+    src.pop_ready(0.004)
+    src.finished(1.0)  # the server finished one at 1.0: its client sees it at 1.005
+    assert src.next_time() == pytest.approx(1.007)
+    (sent, _), = src.pop_ready(2.0)
+    assert sent == pytest.approx(1.005)
+
+
+def test_without_a_path_the_source_is_unchanged():
+    wl = from_spec("arrival=closed,concurrency=2,n=3,prompt=fixed:1000,output=fixed:4",
+                   seed=0)
+    src = Source(wl)
+    assert [t for t, _ in src.pop_ready(0.0)] == [0.0, 0.0]
+    src.finished(1.0)
+    assert src.next_time() == 1.0
+
+
+def test_client_view_adds_egress_to_ttft_and_e2e_only():
+    recs = [{"ttft_s": 0.1, "e2e_s": 1.0, "tpot_s": 0.01}, {"ttft_s": None, "e2e_s": 0.5}]
+    out = client_view(recs, RequestPath(egress_s=0.002))
+    assert out[0] == {"ttft_s": 0.102, "e2e_s": 1.002, "tpot_s": 0.01}
+    assert out[1] == {"ttft_s": None, "e2e_s": 0.502}
+    assert recs[0]["ttft_s"] == 0.1

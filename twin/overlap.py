@@ -1,0 +1,69 @@
+"""SGLang's overlap scheduler (`Scheduler.event_loop_overlap`, the default on GPUs).
+
+Each iteration of SGLang 0.5.23's overlap loop receives requests, schedules batch k+1 and
+launches it, and only then processes batch k's results (waiting for batch k's forward to
+end). So the CPU work of a step (scheduling, launching its kernels, processing results)
+runs while the GPU computes the step before: a step takes about max(GPU, CPU) instead of
+their sum. `--disable-overlap-schedule` (the CPU harness runs that way) is the plain loop,
+where the two add up.
+
+`OverlapStepTime` wraps a step-time backend whose `breakdown` names the CPU part
+`overhead` (scheduler plus kernel launches, smaller under a CUDA graph: `opdb`,
+`roofline`): a step is `max(total - overhead, overhead)`. A backend fitted to a live
+server already measured whichever loop that server ran, and is not wrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from twin.perf import PrefillChunk, StepTimeModel
+
+
+def overlaps(args, step_time: StepTimeModel) -> bool:
+    """Whether the twin runs SGLang's overlap loop for these server arguments."""
+    return not args.disable_overlap_schedule and getattr(step_time, "name", "") in (
+        "opdb", "roofline")
+
+
+class OverlapStepTime:
+    """A step under the overlap loop: the GPU part and the CPU part overlap."""
+
+    def __init__(self, inner: StepTimeModel) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._decode_oh: dict[int, float] = {}
+
+    def _overhead_decode(self, b: int) -> float:
+        oh = self._decode_oh.get(b)
+        if oh is None:
+            oh = self._decode_oh[b] = self.inner.breakdown([], [1] * b)["overhead"]
+        return oh
+
+    def step_time(self, prefill_chunks: Sequence[PrefillChunk],
+                  decode_kv_lens: Sequence[int]) -> float:
+        total = self.inner.step_time(prefill_chunks, decode_kv_lens)
+        if prefill_chunks:
+            oh = self.inner.breakdown(prefill_chunks, decode_kv_lens)["overhead"]
+        else:
+            oh = self._overhead_decode(len(decode_kv_lens))
+        return max(total - oh, oh)
+
+    def decode_times(self, batch_size: int, kv_sums: np.ndarray) -> np.ndarray:
+        total = self.inner.decode_times(batch_size, kv_sums)
+        oh = self._overhead_decode(batch_size)
+        return np.maximum(total - oh, oh)
+
+    def breakdown(self, prefill_chunks: Sequence[PrefillChunk],
+                  decode_kv_lens: Sequence[int]) -> dict[str, float]:
+        parts = dict(self.inner.breakdown(prefill_chunks, decode_kv_lens))
+        oh = parts.pop("overhead")
+        gpu = sum(parts.values())
+        parts["overhead"] = max(oh - gpu, 0.0)  # only what the GPU does not hide
+        return parts
+
+    def describe(self) -> str:
+        return (self.inner.describe() + "; overlap scheduler: step = max(GPU, CPU "
+                "scheduling and launch overhead)")
