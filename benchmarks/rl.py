@@ -29,8 +29,8 @@ from experiments.rl.evaluate import evaluate_spec, heuristic_specs, mean_stats
 from twin.policy import read_spec
 
 BENCH_SEED_BASE = 2_000_000
-COLS = ("slo_attainment", "ttft_attainment_flat", "p99_ttft_short_s", "p99_ttft_documents_s",
-        "return")
+COLS = ("slo_attainment", "slo_short", "slo_documents", "ttft_attainment_flat",
+        "p99_ttft_short_s", "p99_ttft_documents_s", "return")
 
 
 def compare(cfg, policy: str, load: float, seeds: list[int], cv: float) -> dict[str, dict]:
@@ -42,14 +42,31 @@ def compare(cfg, policy: str, load: float, seeds: list[int], cv: float) -> dict[
 
 
 def table(rows: dict[str, dict]) -> str:
-    head = "| policy | SLO attainment | TTFT<=1.5 s (flat) | P99 TTFT short (s) | " \
-           "P99 TTFT documents (s) | return |"
-    lines = [head, "|" + "---|" * 6]
+    head = "| policy | SLO attainment | short questions | documents | TTFT<=1.5 s (flat) | " \
+           "P99 TTFT short (s) | P99 TTFT documents (s) | return |"
+    lines = [head, "|" + "---|" * 8]
     for label, m in sorted(rows.items(), key=lambda kv: -kv[1]["slo_attainment"]):
-        cells = [f"{m[c]:.1%}" if "attainment" in c else f"{m[c]:.2f}" if m[c] is not None
-                 else "-" for c in COLS[:4]]
+        cells = ["-" if m[c] is None else f"{m[c]:.1%}" if "slo" in c or "attainment" in c
+                 else f"{m[c]:.2f}" for c in COLS[:-1]]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {m['return']:+.4f} |")
     return "\n".join(lines)
+
+
+def comparisons(rows: dict[str, dict]) -> list[str]:
+    """The learned policy against the best heuristic by SLO attainment and by return (the
+    class-balanced reward it is trained on), and the best of the earlier registry
+    (SGLang's, the users', the menu rules) against the deadline policy's best."""
+    heur = {k: v for k, v in rows.items() if k != "learned"}
+    old = {k: v for k, v in heur.items() if not k.startswith("deadline")}
+    out = []
+    for what, pool in (("best heuristic", heur), ("best heuristic before deadline", old)):
+        for metric in ("slo_attainment", "return"):
+            best = max(pool, key=lambda k: pool[k][metric])
+            a, b = rows["learned"][metric], pool[best][metric]
+            fmt = "{:.1%}" if metric == "slo_attainment" else "{:+.4f}"
+            out.append(f"learned vs {what} by {metric} ({best}): {fmt.format(a)} vs "
+                       f"{fmt.format(b)} ({a / b - 1:+.1%} relative)")
+    return out
 
 
 def env_speed(cfg, episodes: int) -> tuple[float, int]:
@@ -120,13 +137,9 @@ def twin_comparison(ns) -> None:
     print(f"SLO: {cfg.targets.to_json()}; policy {ns.policy}")
     for load in ns.loads:
         rows = compare(cfg, ns.policy, load, seeds, ns.burst_cv)
-        heur = {k: v for k, v in rows.items() if k != "learned"}
-        best = max(heur, key=lambda k: heur[k]["slo_attainment"])
-        gain = rows["learned"]["slo_attainment"] / heur[best]["slo_attainment"] - 1
         print(f"\n## load {load:.0%} of capacity\n\n{table(rows)}\n")
-        print(f"learned vs best heuristic ({best}): SLO attainment "
-              f"{rows['learned']['slo_attainment']:.1%} vs {heur[best]['slo_attainment']:.1%} "
-              f"({gain:+.1%} relative)")
+        for line in comparisons(rows):
+            print(line)
     speed, steps = env_speed(cfg, 4)
     print(f"\nenvironment speed: {speed:,.0f} decisions per CPU-second ({steps} decisions, "
           f"4 episodes, random actions)")

@@ -112,8 +112,11 @@ TINY = EnvConfig(
                        doc_ttft_s_per_token=1e-4))
 #: the menu with admission control: spf's order and the deadline policy's four modes
 HOLD_MENU = ("spf", "deadline", "hold-hopeless", "laxity", "hold-documents")
+#: the withholding modes alone: when to hold which documents back
+ADMIT_MENU = ("laxity", "hold-documents", "hold-hopeless")
 PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=True),
            "finance-qa-hold": EnvConfig(menu=HOLD_MENU, chunk_cap=True),
+           "finance-qa-admit": EnvConfig(menu=ADMIT_MENU, chunk_cap=True),
            "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True)}
 
 
