@@ -117,18 +117,42 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
               duration_s: float | None = None) -> dict:
     """Latency percentiles (over `ok` requests; ITL over every token gap), throughput,
     cached-token share, retractions and SLO attainment."""
+    if hasattr(records, "summary"):  # a RecordTable (twin/record_table.py): from columns
+        return records.summary(slo, duration_s)
+    cols = {k: [r.get(k) for r in records] for k in _SUMMARY_COLUMNS}
     ok = [r for r in records if r["status"] == "ok"]
-    status = {s: sum(1 for r in records if r["status"] == s) for s in STATUSES}
-    if duration_s is None:
-        ends = [r["arrival_s"] + r["e2e_s"] for r in ok]
-        start = min((r["arrival_s"] for r in records), default=0.0)
-        duration_s = (max(ends) - start) if ends else 0.0
     itl = np.concatenate([np.asarray(r["itl_s"] or [], dtype=float) for r in ok]) \
         if ok else np.empty(0)
-    prompt = sum(r["prompt_tokens"] for r in ok)
-    out_tokens = sum(r["output_tokens"] for r in ok)
+    return summary_from_columns(cols, itl, slo, duration_s)
+
+
+_SUMMARY_COLUMNS = ("status", "arrival_s", "e2e_s", "ttft_s", "tpot_s", "queue_s",
+                    "prompt_tokens", "output_tokens", "cached_tokens", "retractions",
+                    "preemptions", "lost_s", "kv_moved_bytes")
+
+
+def summary_from_columns(cols: dict[str, list], itl: np.ndarray, slo: SLO | None = None,
+                         duration_s: float | None = None) -> dict:
+    """`summarize` over records given as columns (lists in record order, fields of
+    `_SUMMARY_COLUMNS`) and the token gaps of the `ok` ones, concatenated in order."""
+    status_col = cols["status"]
+    n = len(status_col)
+    ok = [i for i, s in enumerate(status_col) if s == "ok"]
+
+    def ok_of(key: str) -> list:
+        col = cols[key]
+        return [col[i] for i in ok]
+
+    status = {s: sum(1 for x in status_col if x == s) for s in STATUSES}
+    if duration_s is None:
+        arrival, e2e = cols["arrival_s"], cols["e2e_s"]
+        ends = [arrival[i] + e2e[i] for i in ok]
+        start = min(arrival, default=0.0)
+        duration_s = (max(ends) - start) if ends else 0.0
+    prompt = sum(ok_of("prompt_tokens"))
+    out_tokens = sum(ok_of("output_tokens"))
     summary = {
-        "requests": len(records),
+        "requests": n,
         "status": status,
         "duration_s": round(duration_s, 6),
         "throughput": {
@@ -136,23 +160,25 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
             "input_tokens_per_s": round(prompt / duration_s, 3) if duration_s else None,
             "output_tokens_per_s": round(out_tokens / duration_s, 3) if duration_s else None,
         },
-        "ttft_s": _pcts(r["ttft_s"] for r in ok),
-        "tpot_s": _pcts(r["tpot_s"] for r in ok),
+        "ttft_s": _pcts(ok_of("ttft_s")),
+        "tpot_s": _pcts(ok_of("tpot_s")),
         "itl_s": _pcts(itl),
-        "e2e_s": _pcts(r["e2e_s"] for r in ok),
-        "queue_s": _pcts(r["queue_s"] for r in ok),
-        "cached_token_share": round(sum(r["cached_tokens"] for r in ok) / prompt, 6)
+        "e2e_s": _pcts(ok_of("e2e_s")),
+        "queue_s": _pcts(ok_of("queue_s")),
+        "cached_token_share": round(sum(ok_of("cached_tokens")) / prompt, 6)
         if prompt else None,
-        "retractions": sum(r["retractions"] for r in records),
-        "preemptions": sum(r["preemptions"] for r in records),
-        "preemption_lost_s": round(sum(r.get("lost_s") or 0 for r in records), 6),
-        "kv_moved_bytes": sum(r.get("kv_moved_bytes") or 0 for r in records),
+        "retractions": sum(cols["retractions"]),
+        "preemptions": sum(cols["preemptions"]),
+        "preemption_lost_s": round(sum(x or 0 for x in cols["lost_s"]), 6),
+        "kv_moved_bytes": sum(x or 0 for x in cols["kv_moved_bytes"]),
     }
     if slo is not None and slo.any():
+        keys = ("status", "ttft_s", "tpot_s", "e2e_s")
+        met = sum(slo.met(dict(zip(keys, row, strict=True)))
+                  for row in zip(*(cols[k] for k in keys), strict=True))
         summary["slo"] = {
             "targets": {k: v for k, v in slo.__dict__.items() if v is not None},
-            "attainment": round(sum(slo.met(r) for r in records) / len(records), 6)
-            if records else None,
+            "attainment": round(met / n, 6) if n else None,
         }
     return summary
 
@@ -163,6 +189,9 @@ def write_records(path: Path, records: Sequence[dict]) -> None:
     from twin.outputs import atomic_writer
 
     with atomic_writer(path) as fh:
+        if hasattr(records, "lines"):  # a RecordTable: its lines are formatted in bulk
+            fh.writelines(records.lines())
+            return
         for rec in records:
             fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
 

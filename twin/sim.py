@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spe
 from twin.policy import build_policy as build_from_spec
 from twin.policy.sglang import CacheAware
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
+from twin.record_table import RecordTable
 from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.source import Source
 from twin.workload import Workload
@@ -98,7 +100,7 @@ def _check_numbers(cfg: SimConfig) -> None:
 
 @dataclass
 class SimResult:
-    records: list[dict]
+    records: Sequence[dict]  # a RecordTable (records built on demand) or a list
     summary: dict
     series: list[tuple]
     capacity: Capacity
@@ -222,9 +224,11 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         env.run()
     except KeyboardInterrupt:  # keep what is done: every request still gets its record
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
-    records = twin_records(rep.finished, rep.step_end)
     if interrupted:
-        records = with_unfinished(records, workload, interrupted, env.now)
+        records = with_unfinished(twin_records(rep.finished, rep.step_end), workload,
+                                  interrupted, env.now)
+    else:  # built on demand; written and summarised from columns (twin/record_table.py)
+        records = RecordTable(rep.finished, rep.step_end)
     counters = dict(rep.counters.__dict__)
     summary = summarize(records, slo)
     if interrupted:

@@ -1,0 +1,45 @@
+"""RecordTable (twin/record_table.py) gives exactly the dict path's records, lines and summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import GPU, MODEL
+
+from twin.config import ServerArgs
+from twin.metrics import SLO, summarize
+from twin.record_table import RecordTable
+from twin.sim import SimConfig, simulate
+from twin.workload import from_spec
+
+CASES = {
+    "plain": ({}, {}, "arrival=poisson,rate=4,n=120,prompt=uniform:100:3000,output=uniform:1:200"),
+    "retractions": ({"max_total_tokens": 12000}, {"ignore_eos": False},
+                    "arrival=poisson,rate=10,n=120,prompt=uniform:500:3000,output=uniform:50:400"),
+    "swap+slices": ({"max_total_tokens": 30000},
+                    {"preemption_mode": "aggressive", "swap_min_tokens": 100},
+                    "arrival=poisson,rate=8,n=100,prompt=uniform:500:3000,output=uniform:50:300,"
+                    "tiers=0:0.8/20:0.2"),
+    "mixed+horizon": ({"enable_mixed_chunk": True}, {"horizon_s": 10.0},
+                      "arrival=poisson,rate=12,n=200,prompt=uniform:100:9000,"
+                      "output=uniform:1:300"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_table_matches_the_dict_path(name: str) -> None:
+    server, twin, spec = CASES[name]
+    args = ServerArgs(model_path=MODEL, **server)
+    res = simulate(from_spec(spec, seed=1), SimConfig(args=args, gpu=GPU,
+                                                      step_time_backend="roofline", **twin))
+    table = res.records
+    assert isinstance(table, RecordTable)
+    records = list(table)
+    assert len(records) == len(table) and table[0] == records[0]
+    assert table[1:3] == records[1:3]
+    assert list(table.lines()) == [json.dumps(r, separators=(",", ":")) + "\n"
+                                   for r in records]
+    for slo in (None, SLO(ttft_s=0.5, tpot_s=0.05)):
+        assert summarize(table, slo) == summarize(records, slo)
+    assert summarize(table, None, 100.0) == summarize(records, None, 100.0)

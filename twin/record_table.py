@@ -1,0 +1,182 @@
+"""Records of a finished simulation without building a dict per request (issue 14).
+
+`RecordTable` is a read-only sequence of the same records `twin_records` builds (indexing
+or iterating it builds each dict on demand), plus the two things a run does with all of
+them at once, written for speed: `lines()`, the JSON lines of `requests.jsonl`, and
+`summary()`, the same summary as `summarize`. Both are byte for byte what the dict path
+gives (tests/test_record_digests.py, tests/test_record_table.py).
+
+The speed comes from the token gaps: the gap between two consecutive decode steps is the
+same for every request in both, so the replica's step-end timeline is differenced,
+rounded and formatted once (each distinct value formatted once), and a request's `itl_s`
+is a join of slices of those strings; only the gaps at a request's own boundaries (its
+prefill token, a return after a retraction) are computed per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from json.encoder import encode_basestring_ascii as _json_str
+
+import numpy as np
+
+from twin.metrics import SLO, summary_from_columns, twin_records
+
+
+def _num(x: float | None) -> str:
+    """A JSON number as `json.dumps` writes it (float.__repr__; NaN and infinities as
+    Python's json module spells them)."""
+    if x is None:
+        return "null"
+    s = repr(x)
+    if s in ("nan", "inf", "-inf"):
+        return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[s]
+    return s
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+class RecordTable(Sequence):
+    def __init__(self, finished: Sequence, step_end: Sequence[float]) -> None:
+        self._reqs = sorted(finished, key=lambda r: (r.arrival_s, r.index))
+        self._ends = np.asarray(step_end, dtype=float)
+        self._gaps: tuple | None = None
+
+    # ---- the sequence of dicts (built on demand) ---------------------------------------
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return twin_records(self._reqs[i], self._ends)
+        return twin_records([self._reqs[i]], self._ends)[0]
+
+    def __iter__(self) -> Iterator[dict]:
+        for r in self._reqs:
+            yield twin_records([r], self._ends)[0]
+
+    # ---- token gaps --------------------------------------------------------------------
+    def _plan(self) -> tuple:
+        """Per request its gap pieces: ('s', a, b) = step gaps a..b-1 of the timeline,
+        ('x', j) = its own j-th boundary gap; and the output token count."""
+        if self._gaps is not None:
+            return self._gaps
+        ends = self._ends
+        ends_l = ends.tolist()
+        braw: list[float] = []
+        plans = []
+        for r in self._reqs:
+            pieces: list[tuple] = []
+            prev = None
+            n_out = 0
+            for ev in r.tok_events:
+                if isinstance(ev, tuple):
+                    a, b = ev
+                    if b <= a:
+                        continue
+                    if prev is not None:
+                        pieces.append(("x", len(braw)))
+                        braw.append(ends_l[a] - prev)
+                    if b - a > 1:
+                        pieces.append(("s", a, b - 1))
+                    prev = ends_l[b - 1]
+                    n_out += b - a
+                else:
+                    if prev is not None:
+                        pieces.append(("x", len(braw)))
+                        braw.append(ev - prev)
+                    prev = ev
+                    n_out += 1
+            plans.append((pieces, n_out))
+        step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
+        own_gaps = np.round(np.asarray(braw, dtype=float), 6)
+        self._gaps = (plans, step_gaps, own_gaps)
+        return self._gaps
+
+    @staticmethod
+    def _strings(values: np.ndarray) -> list[str]:
+        """repr of every value (as json writes a float), each distinct value formatted once."""
+        if not len(values):
+            return []
+        uniq, inv = np.unique(values, return_inverse=True)
+        table = np.array([repr(v) for v in uniq.tolist()], dtype=object)
+        return table[inv].tolist()
+
+    # ---- requests.jsonl ------------------------------------------------------------------
+    def lines(self) -> Iterator[str]:
+        """The JSON line of every record, in order (with its newline)."""
+        plans, step_gaps, own_gaps = self._plan()
+        ss, xs = self._strings(step_gaps), self._strings(own_gaps)
+        for r, (pieces, n_out) in zip(self._reqs, plans, strict=True):
+            parts: list[str] = []
+            for p in pieces:
+                if p[0] == "s":
+                    parts += ss[p[1]:p[2]]
+                else:
+                    parts.append(xs[p[1]])
+            ok = r.status == "ok"
+            ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
+            e2e = r.finish_s - r.arrival_s if ok else None
+            tpot = _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None
+            queue = _r(r.first_admit_s - r.entered_s) if r.first_admit_s is not None else None
+            error = "null" if r.error is None else _json_str(r.error)
+            yield (f'{{"rid":{_json_str(r.rid)},"arrival_s":{_num(_r(r.arrival_s))},'
+                   f'"prompt_tokens":{int(r.prompt_tokens)},'
+                   f'"cached_tokens":{int(r.cached_tokens)},"output_tokens":{n_out},'
+                   f'"priority":{int(r.priority)},"ttft_s":{_num(_r(ttft))},'
+                   f'"tpot_s":{_num(tpot)},"itl_s":[{",".join(parts)}],'
+                   f'"e2e_s":{_num(_r(e2e))},"queue_s":{_num(queue)},'
+                   f'"retractions":{int(r.retractions)},"preemptions":{int(r.preemptions)},'
+                   f'"status":{_json_str(r.status)},"error":{error},'
+                   f'"lost_s":{_num(_r(r.lost_s))},"kv_moved_bytes":{round(r.moved_bytes)}}}\n')
+
+    # ---- summary -----------------------------------------------------------------------
+    def summary(self, slo: SLO | None = None, duration_s: float | None = None) -> dict:
+        """`summarize(list(self), slo, duration_s)`, computed from columns."""
+        plans, step_gaps, own_gaps = self._plan()
+        n_step = len(step_gaps)
+        joined = np.concatenate([step_gaps, own_gaps])
+        starts: list[int] = []
+        lens: list[int] = []
+        cols: dict[str, list] = {k: [] for k in (
+            "status", "arrival_s", "e2e_s", "ttft_s", "tpot_s", "queue_s", "prompt_tokens",
+            "output_tokens", "cached_tokens", "retractions", "preemptions", "lost_s",
+            "kv_moved_bytes")}
+        for r, (pieces, n_out) in zip(self._reqs, plans, strict=True):
+            ok = r.status == "ok"
+            ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
+            e2e = r.finish_s - r.arrival_s if ok else None
+            cols["status"].append(r.status)
+            cols["arrival_s"].append(_r(r.arrival_s))
+            cols["e2e_s"].append(_r(e2e))
+            cols["ttft_s"].append(_r(ttft))
+            cols["tpot_s"].append(_r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None)
+            cols["queue_s"].append(_r(r.first_admit_s - r.entered_s)
+                                   if r.first_admit_s is not None else None)
+            cols["prompt_tokens"].append(r.prompt_tokens)
+            cols["output_tokens"].append(n_out)
+            cols["cached_tokens"].append(r.cached_tokens)
+            cols["retractions"].append(r.retractions)
+            cols["preemptions"].append(r.preemptions)
+            cols["lost_s"].append(_r(r.lost_s))
+            cols["kv_moved_bytes"].append(round(r.moved_bytes))
+            if ok:
+                for p in pieces:
+                    if p[0] == "s":
+                        starts.append(p[1])
+                        lens.append(p[2] - p[1])
+                    else:
+                        starts.append(n_step + p[1])
+                        lens.append(1)
+        itl = joined[_ranges(starts, lens)] if starts else np.empty(0)
+        return summary_from_columns(cols, itl, slo, duration_s)
+
+
+def _ranges(starts: list[int], lens: list[int]) -> np.ndarray:
+    """The concatenation of range(s, s + n) for each (s, n), as one index array."""
+    s = np.asarray(starts, dtype=np.int64)
+    n = np.asarray(lens, dtype=np.int64)
+    offsets = np.cumsum(n) - n
+    return np.repeat(s - offsets, n) + np.arange(int(n.sum()), dtype=np.int64)
