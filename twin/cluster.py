@@ -63,8 +63,10 @@ class PoolFeed:
     """A replica's feed in a fleet whose router assigns pools by a static rule: the
     deployment's, with the next arrival that may reach the replica's pool."""
 
-    def __init__(self, dep: Deployment, pool: str) -> None:
+    def __init__(self, dep: Deployment, pool: str, size: int) -> None:
         self.dep, self.pool = dep, pool
+        # with one replica in the pool, the pool's arrivals are all the replica's own
+        self.cuts_runs = size > 1 and dep.sends_known()
 
     def pump(self, now: float) -> None:
         self.dep.pump(now)
@@ -144,6 +146,10 @@ class Deployment:
         self._pool_next: dict[str, int] = {}
         self.stats = {"retries": 0, "refused": 0, "no_worker": 0, "lost_in_flight": 0}
         self.send_log: list[tuple[float, str, str, int]] | None = None  # (t, rid, worker, try)
+        self._view_cache: list[WorkerView | None] = []
+        # a fleet of several: a replica's decode run ends at its own submits (which cut
+        # it, twin/decode_cut.py), not at every arrival in the fleet (set by `start`)
+        self.cuts_runs = False
 
     def add(self, rep, pool: str = "default", name: str | None = None, gpus: int = 1,
             kind: str = "sglang", scaled: ScaledStepTime | None = None) -> Replica:
@@ -157,6 +163,15 @@ class Deployment:
         return rep
 
     # ---- the Feed protocol (twin/replica.py) -----------------------------------------
+    def sends_known(self) -> bool:
+        """Every hand-off time is known before it comes: open loop, no faults (so no
+        retries). Only then is a cut exactly a run bounded by the next arrival. (A
+        closed-loop request released by a finish elsewhere is sent at once: a replica
+        planning by `next_arrival` never saw it coming and takes it at the end of its
+        run; cutting would take it at the next step, which is SGLang's behaviour but
+        not the twin's records so far.)"""
+        return self.source.open_loop and not self.faults
+
     def pump(self, now: float) -> None:
         for sent, req in self.source.pop_ready(now):
             if self._pool_times is not None:
@@ -231,9 +246,16 @@ class Deployment:
 
     # ---- routing and failover -----------------------------------------------------------
     def _views(self, now: float) -> list[WorkerView]:
-        return [WorkerView(w.index, w.name, w.pool,
-                           w.health.healthy and w.breaker.allows(now), w.inflight, w.polled)
-                for w in self.workers]
+        """What the router sees of every worker; a view is rebuilt only when it changed
+        (a fleet of 16 picks among 16 views per request)."""
+        views = self._view_cache
+        if len(views) != len(self.workers):
+            views[:] = [None] * len(self.workers)
+        for w, v in zip(self.workers, views, strict=True):
+            ok = w.health.healthy and w.breaker.allows(now)
+            if v is None or v.healthy != ok or v.load != w.inflight or v.polled_load != w.polled:
+                views[w.index] = WorkerView(w.index, w.name, w.pool, ok, w.inflight, w.polled)
+        return list(views)
 
     def _send(self, t: Ticket) -> None:
         now = self.env.now
@@ -340,6 +362,7 @@ class Deployment:
         self.env.process(self.run())
         if not run_replicas:
             return
+        self.cuts_runs = self.fleet and len(self.workers) > 1 and self.sends_known()
         if self._pool_of is not None:
             self._feed_by_pool()
         for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
@@ -357,7 +380,8 @@ class Deployment:
             for t, _, req in sorted(self.source.scheduled(), key=lambda x: (x[0], x[1])):
                 self._pool_times.setdefault(self._pool_of(req), []).append(t)
         for w in self.workers:
-            w.replica.feed = PoolFeed(self, w.pool)
+            size = sum(1 for v in self.workers if v.pool == w.pool)
+            w.replica.feed = PoolFeed(self, w.pool, size)
 
     def _worker(self, name: str) -> Worker:
         for w in self.workers:

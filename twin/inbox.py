@@ -16,10 +16,14 @@ class Inbox:
     horizon: float | None
     _inbox: list[tuple[float, Request]]
     _wake: simpy.Event
+    _run_cut: simpy.Event | None = None  # a decode run a submit may cut (twin/decode_cut.py)
 
     def submit(self, sent_s: float, req: Request) -> None:
         """A request handed to this server (it enters the queue at the next pass)."""
         self._inbox.append((sent_s, req))
+        cut = self._run_cut
+        if cut is not None and not cut.triggered:
+            cut.succeed()
         self.submit_nothing()
 
     def submit_nothing(self) -> None:

@@ -25,6 +25,7 @@ from twin import config as C
 from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.config import Capacity, ServerArgs
 from twin.decider import Decider, PolicyDecider
+from twin.decode_cut import CutRuns
 from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
 from twin.perf import StepTimeModel
@@ -49,12 +50,13 @@ class Feed(Protocol):
 
     def pump(self, now: float) -> None: ...
     def next_arrival(self) -> float | None: ...
+    cuts_runs: bool  # a submit cuts a decode run short: runs need not end at next_arrival
     def done(self) -> bool: ...
     def left(self, replica: Replica, req: SimRequest) -> None: ...
     def unsent(self) -> list[tuple[float, Request]]: ...
 
 
-class Replica(Inbox, KVMemory):
+class Replica(Inbox, KVMemory, CutRuns):
     """The simulated server. `run()` is its SimPy process; `finished` collects every
     request that left (ok, rejected or aborted)."""
 
@@ -445,7 +447,8 @@ class Replica(Inbox, KVMemory):
             [r.index for r in running], room)
         k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
         kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
-        limit = self._next_boundary()
+        cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
+        limit = self._next_boundary(arrivals=not cut)
         # every step's duration is elementwise in its KV sum: one call gives them all
         times = self.st.decode_times(b, kv0 + b * np.arange(k))
         if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
@@ -458,6 +461,7 @@ class Replica(Inbox, KVMemory):
         if not self._grow_decoders(running, k):
             return
         dur_copy = self._stall  # re-allocation copies happen inside this run
+        busy0, ratio0 = self.counters.busy_s, self.new_token_ratio
         self._stall = 0.0
         if self.step_log is not None:
             self.step_log.append(("decode", now, [r.rid for r in running], k))
@@ -475,9 +479,12 @@ class Replica(Inbox, KVMemory):
             r.private += k
             if r.generated_tokens >= r.max_new_tokens:
                 done = True
-        ev = self._sleep(dur)
-        if ev is not None:
-            yield ev
+        if cut:
+            yield from self._wait_or_cut(ends, k, now, busy0, ratio0)
+        else:
+            ev = self._sleep(dur)
+            if ev is not None:
+                yield ev
         if done:
             self._finish_done(self.env.now)
 
@@ -490,7 +497,7 @@ class Replica(Inbox, KVMemory):
             self._end_blocks.append(np.concatenate(chunks[:-1]))
             del chunks[:-1]
 
-    def _next_boundary(self) -> float | None:
+    def _next_boundary(self, arrivals: bool = True) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
         candidates = [self._next_sample]
         if self.slice_s and self.waiting:  # a slice re-evaluates only if someone waits
@@ -498,7 +505,7 @@ class Replica(Inbox, KVMemory):
                               * self.slice_s)
         if self.horizon is not None:
             candidates.append(self.horizon)
-        if not self.batch_full or self.preempt:
+        if arrivals and (not self.batch_full or self.preempt):
             nxt = self.feed.next_arrival()
             if nxt is not None:
                 candidates.append(nxt)
