@@ -418,3 +418,97 @@ def test_calibrate_budget_and_out_are_checked_first(tmp_path, capsys):
                                          "--budget-s", "nan", "--out", str(tmp_path / "p.json"))
     assert "is a directory" in cli_error(capsys, "calibrate", "--from-bench-serving", bench,
                                          "--out", str(tmp_path))
+
+
+# ---- deployment files (servetwin simulate --deployment) ----------------------------------
+DEPLOYMENT = {"name": "t", "router": "round_robin",
+              "replicas": [{"name": "a", "count": 2,
+                            "server_args": {"model_path": "meta-llama/Llama-3.1-8B"}}]}
+
+
+def _with(base: dict, path: str, value) -> dict:
+    """`base` (deep-copied) with `value` at the dotted `path` ("replicas.0.twin")."""
+    doc = json.loads(json.dumps(base))
+    node, *keys = [doc, *path.split(".")]
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    node[keys[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("path,value,msg", [
+    # used to crash (int("x"), a negative seed in numpy, SimPy's negative delay) or to
+    # truncate 1.5 silently
+    ("seed", "x", "seed: 'x': must be an integer in [0, 4294967295]"),
+    ("seed", -1, "seed: -1: must be an integer"),
+    ("seed", 1.5, "seed: 1.5: must be an integer"),
+    ("poll_interval_s", -1, "poll_interval_s: -1: must be a finite number > 0"),
+    ("poll_interval_s", "x", "poll_interval_s: 'x'"),
+    ("failover", [1], "failover: must be a mapping"),
+    ("faults", {"a": 1}, "faults: must be a list"),
+    ("failover", {"health_check_timeout_secs": -1}, "failover.health_check_timeout_secs: "),
+    # were accepted and failed only once the run was built, without file or line
+    ("gpu", "h999", "gpu: 'h999': allowed values"),
+    ("replicas.0.gpu", "h999", "replicas[0].gpu: 'h999'"),
+    ("replicas.0.step_time_backend", "nope", "replicas[0].step_time_backend: 'nope'"),
+    ("replicas.0.twin", {"kv_allocator": "nope"}, "replicas[0].twin.kv_allocator: 'nope'"),
+    ("replicas.0.twin", {"time_slice_ms": -5}, "replicas[0].twin.time_slice_ms: "
+     "--time-slice-ms -5: must be a finite number > 0"),
+    ("replicas.0.twin", {"horizon_s": 5}, "replicas[0].twin.horizon_s: allowed:"),
+    ("replicas.0.twin", [1], "replicas[0].twin: must be a mapping"),
+    ("replicas.0.name", [1], "replicas[0].name: [1]: must be a name"),
+    ("replicas.0.server_args.max_running_requests", -1,
+     "replicas[0].server_args.max_running_requests: --max-running-requests -1"),
+    # router parameters: were taken as they came
+    ("router", {"name": "least_load", "poll_interval_s": -1},
+     "router.poll_interval_s: -1: must be a finite number > 0"),
+    ("router", {"name": "cache_aware", "cache_threshold": 2},
+     "router.cache_threshold: 2: must be a finite number in [0, 1]"),
+    ("router", {"name": "cache_aware", "balance_abs_threshold": -1},
+     "router.balance_abs_threshold: -1: must be an integer >= 0"),
+    ("router", {"name": "cache_aware", "cache_threshold": "0.5"},
+     "router.cache_threshold: '0.5'"),
+    ("router", {"name": "prefix_hash", "virtual_nodes": 0}, "router.virtual_nodes: 0"),
+    ("faults", [{"kind": "crash", "replica": "a0", "at_s": -1}], "at_s -1: must be >= 0"),
+])
+def test_deployment_numbers_are_checked_with_file_line_and_key(tmp_path, capsys, path, value,
+                                                              msg):
+    f = tmp_path / "dep.json"
+    f.write_text(json.dumps(_with(DEPLOYMENT, path, value), indent=1))
+    err = cli_error(capsys, "simulate", "--deployment", str(f), "--workload", SMALL)
+    assert re.search(rf"{re.escape(str(f))}:\d+: ", err), err
+    assert msg in err, err
+
+
+def test_deployment_error_names_the_line_of_the_key(tmp_path, capsys):
+    f = tmp_path / "dep.yaml"
+    f.write_text("name: t\nseed: 3\nrouter:\n  name: cache_aware\n  cache_threshold: 7\n"
+                 "replicas:\n  - name: a\n    server_args: {model_path: meta-llama/Llama-3.1-8B}\n")
+    err = cli_error(capsys, "simulate", "--deployment", str(f), "--workload", SMALL)
+    assert f"{f}:5: router.cache_threshold: 7" in err, err
+
+
+# ---- policy specs (--policy FILE) --------------------------------------------------------
+@pytest.mark.parametrize("name,params,msg", [
+    # were accepted: a negative seed, a zero TPOT target, negative or infinite score
+    # weights, a threshold outside SGLang's priority range
+    ("random", {"seed": -1}, "params.seed = -1: must be an integer >= 0"),
+    ("menu", {"tpot_s": 0.0}, "params.tpot_s = 0.0: must be > 0"),
+    ("slices", {"weights": [1, -1, 0]}, "params.weights = [1, -1, 0]: must be [tier, wait, "
+     "speed], three numbers >= 0"),
+    ("slices", {"weights": [1, 1e999, 0]}, "every number must be finite"),
+    ("fcfs", {"preemption_threshold": 2**40}, "must be an integer in [-2147483648, "),
+    ("slices", {"time_slice_ms": 0.0}, "params.time_slice_ms = 0.0: must be > 0"),
+    # were refused with Python's own words ("cannot unpack non-iterable int object")
+    ("menu", {"tier_ttft_s": [-1, 2]}, "must be a list of [priority, ttft_s] pairs"),
+    ("deadline", {"tier_ttft_s": [[0, -2.0]]}, "a TTFT target > 0"),
+    ("menu", {"prefill": [0.01, 0.001, 0, 0]}, "chunk an integer >= 1"),
+    ("deadline", {"chunk": 0}, "params.chunk = 0: must be an integer >= 1"),
+])
+def test_policy_spec_numbers_are_checked_with_file_line_and_key(tmp_path, capsys, name, params,
+                                                               msg):
+    f = tmp_path / "policy.json"
+    f.write_text(json.dumps({"name": name, "params": params}, indent=2).replace(
+        "Infinity", "1e999"))
+    err = simulate_error(capsys, "--workload", SMALL, "--policy", str(f))
+    assert f"{f}:4: " in err and msg in err, err

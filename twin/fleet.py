@@ -35,6 +35,16 @@ from twin.cluster import Deployment, ScaledStepTime
 from twin.config import ServerArgs, derive_capacity
 from twin.errors import ConfigError, ServetwinError
 from twin.faults import Fault, failover_from
+from twin.inputs import (
+    COUNT,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    PROBABILITY,
+    SEED,
+    TOKENS,
+    Rule,
+)
 from twin.metrics import SERIES_FIELDS, SLO, write_records
 from twin.outputs import atomic_write_text, atomic_writer
 from twin.routers import make_router
@@ -132,7 +142,16 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
     if not isinstance(d, dict):
         raise where.err("<document>", "a deployment is a mapping with pools or replicas")
     _keys(where, "", d, _TOP)
-    gpu = d.get("gpu", "a100-pcie-80gb")
+    gpu = _gpu(where, "gpu", d.get("gpu", "a100-pcie-80gb"))
+    _text(where, "name", d.get("name", ""))
+    seed = _number(where, "seed", d.get("seed", 0), SEED)
+    poll = d.get("poll_interval_s")
+    if poll is not None:
+        _number(where, "poll_interval_s", poll, POSITIVE)
+    for key in ("failover", "faults"):
+        kind = dict if key == "failover" else list
+        if d.get(key) is not None and not isinstance(d[key], kind):
+            raise where.err(key, f"must be a {'mapping' if kind is dict else 'list'}")
     pools_in = d.get("pools")
     if pools_in is None:
         pools_in = [{"name": "default", "replicas": d.get("replicas") or []}]
@@ -146,7 +165,7 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
         if not isinstance(pool, dict):
             raise where.err(at, "a pool is a mapping with name, router, replicas")
         _keys(where, at, pool, _POOL)
-        name = str(pool.get("name", f"pool{i}"))
+        name = _text(where, f"{at}.name", pool.get("name", f"pool{i}"))
         if name in pools:
             raise where.err(f"{at}.name", f"pool {name!r} given twice")
         pools.append(name)
@@ -171,8 +190,10 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
             _check_router(where, f"pools[{i}].router", pool_routers[pool], pools)
     try:
         failover_from(d.get("failover"), "failover")
-    except ServetwinError as exc:
-        raise where.err("failover", str(exc)) from None
+    except ServetwinError as exc:  # "failover KEY: ..." names the key: point at its line
+        key = str(exc).removeprefix("failover ").split(":", 1)[0]
+        at = f"failover.{key}" if key in (d.get("failover") or {}) else "failover"
+        raise where.err(at, str(exc)) from None
     faults = []
     for k, f in enumerate(d.get("faults") or []):
         try:
@@ -184,8 +205,40 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
                             f"{', '.join(names)}")
         faults.append(fault)
     return FleetSpec(str(d.get("name", Path(path).stem)), replicas, router, pool_routers, pools,
-                     dict(d.get("failover") or {}), faults, int(d.get("seed", 0)),
-                     d.get("poll_interval_s"), path)
+                     dict(d.get("failover") or {}), faults, int(seed), poll, path)
+
+
+def _number(where: _Where, at: str, value, rule: Rule) -> int | float:
+    """A number from the file under `rule` (a string is not a number here)."""
+    try:
+        if isinstance(value, str):
+            raise ValueError
+        return rule.parse(value)
+    except ValueError:
+        raise where.err(at, f"{value!r}: must be {rule.describe()}") from None
+
+
+def _text(where: _Where, at: str, value) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise where.err(at, f"{value!r}: must be a name (a string)")
+    return str(value)
+
+
+def _gpu(where: _Where, at: str, value) -> str:
+    from twin.hardware import GPUS
+
+    if value not in GPUS:
+        raise where.err(at, f"{value!r}: allowed values: {', '.join(sorted(GPUS))}")
+    return value
+
+
+# Router parameters that are numbers, by name: what each must be (sglang-router's meaning)
+_ROUTER_NUMBERS = {
+    "poll_interval_s": POSITIVE, "prefix_tokens": COUNT, "virtual_nodes": COUNT,
+    "load_factor": Rule(lo=1), "cache_threshold": PROBABILITY,
+    "balance_abs_threshold": NON_NEGATIVE_INT, "balance_rel_threshold": NON_NEGATIVE,
+    "eviction_interval_s": POSITIVE, "max_tree_size": COUNT, "chars_per_token": POSITIVE,
+}
 
 
 def _keys(where: _Where, at: str, d: dict, allowed: tuple[str, ...]) -> None:
@@ -203,6 +256,12 @@ def _check_router(where: _Where, at: str, r: dict, pools: list[str]) -> None:
             raise where.err(f"{at}.thresholds", f"{thresholds!r}: needs one fewer than the "
                             f"{len(pools)} pools ({', '.join(pools)})")
         params.update(pools=pools, inner={}, thresholds=thresholds)
+    for k, rule in _ROUTER_NUMBERS.items():
+        if k in params:
+            _number(where, f"{at}.{k}", params[k], rule)
+    if r["name"] == "length":
+        for i, t in enumerate(params["thresholds"]):
+            _number(where, f"{at}.thresholds[{i}]", t, TOKENS)
     import inspect
 
     from twin.routers import ROUTERS
@@ -251,17 +310,45 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[Rep
 
             VllmArgs(**args)
     except (TypeError, ServetwinError) as exc:
-        raise where.err(f"{at}.server_args", str(exc)) from None
+        flag = str(exc).split(" ", 1)[0]  # "--max-running-requests -1: ..." names the key
+        key = flag.removeprefix("--").replace("-", "_")
+        raise where.err(f"{at}.server_args" + (f".{key}" if key in args else ""),
+                        str(exc)) from None
+    if "gpu" in rep:
+        _gpu(where, f"{at}.gpu", rep["gpu"])
+    if "name" in rep:
+        _text(where, f"{at}.name", rep["name"])
+    backend = rep.get("step_time_backend")
+    if backend is not None:
+        from twin.perf import backend_names
+
+        if backend not in backend_names():
+            raise where.err(f"{at}.step_time_backend", f"{backend!r}: allowed values: "
+                            f"{', '.join(backend_names())}")
     count = rep.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise where.err(f"{at}.count", f"{count!r}: must be an integer >= 1")
     base = str(rep.get("name", f"{pool}-{engine}"))
     twin = rep.get("twin") or {}
-    sim_fields = {f.name for f in fields(SimConfig)} - {"args", "gpu", "step_time_backend"}
+    if not isinstance(twin, dict):
+        raise where.err(f"{at}.twin", "must be a mapping of the twin's settings")
+    # horizon_s is the whole deployment's (--horizon), not one replica's
+    sim_fields = {f.name for f in fields(SimConfig)} - {"args", "gpu", "step_time_backend",
+                                                        "horizon_s"}
     for k in twin:
         if engine != "sglang" or k not in sim_fields:
             raise where.err(f"{at}.twin.{k}", f"allowed: {', '.join(sorted(sim_fields))} "
                             "(sglang replicas)")
+        if k == "kv_allocator":
+            from twin.memory import allocator_names
+
+            if twin[k] not in allocator_names():
+                raise where.err(f"{at}.twin.{k}", f"{twin[k]!r}: allowed values: "
+                                f"{', '.join(allocator_names())}")
+        try:  # each setting on its own, so the error names its line
+            SimConfig(**{k: twin[k]})
+        except (TypeError, ValueError, ServetwinError) as exc:
+            raise where.err(f"{at}.twin.{k}", str(exc)) from None
     names = [base] if count == 1 else [f"{base}{i}" for i in range(count)]
     return [ReplicaSpec(n, pool, engine, rep.get("gpu", gpu), tuple(sorted(args.items())),
                         rep.get("step_time_backend"), tuple(sorted(twin.items())))

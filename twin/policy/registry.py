@@ -14,6 +14,7 @@ import importlib
 import inspect
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,10 +140,12 @@ def read_spec_file(path: Path) -> PolicySpec:
             data = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             raise PolicyError(f"policy spec {path}: not YAML: {exc}") from None
-    return spec_from_dict(data, str(path))
+    return spec_from_dict(data, str(path), raw)
 
 
-def spec_from_dict(data: Any, where: str = "policy spec") -> PolicySpec:
+def spec_from_dict(data: Any, where: str = "policy spec", raw: str = "") -> PolicySpec:
+    """A checked spec from parsed JSON/YAML; `raw` (the file's text) lets errors in
+    params name their line."""
     if not isinstance(data, dict):
         raise PolicyError(f"{where}: expected an object with 'name' and 'params'")
     unknown = set(data) - {"name", "params"}
@@ -160,20 +163,95 @@ def spec_from_dict(data: Any, where: str = "policy spec") -> PolicySpec:
         policy_class(name)
     except PolicyError as exc:
         raise PolicyError(f"{where}: field 'name': {exc}") from None
-    check_params(name, params, where)
+    check_params(name, params, where, raw)
     return PolicySpec(name, dict(params), where)
 
 
-def check_params(name: str, params: dict, where: str) -> None:
+def check_params(name: str, params: dict, where: str, raw: str = "") -> None:
     allowed = policy_params(name)
     for key, value in params.items():
+        at = f"{where}{_line_of(raw, key)}"
         if key not in allowed:
-            raise PolicyError(f"{where}: policy {name!r} has no parameter {key!r}; "
+            raise PolicyError(f"{at}: policy {name!r} has no parameter {key!r}; "
                               f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
         default = allowed[key]
         if not _type_ok(value, default):
-            raise PolicyError(f"{where}: params.{key} = {value!r}: expected "
+            raise PolicyError(f"{at}: params.{key} = {value!r}: expected "
                               f"{_type_name(default)}")
+        problem = _range_problem(key, value)
+        if problem:
+            raise PolicyError(f"{at}: params.{key} = {value!r}: {problem}")
+
+
+def _line_of(raw: str, key: str) -> str:
+    """':LINE' of the first line of `raw` that names `key` as a key ('' if none)."""
+    pattern = re.compile(rf"""(^|[{{,\s])["']?{re.escape(key)}["']?\s*:""")
+    for n, line in enumerate(raw.splitlines(), 1):
+        if pattern.search(line):
+            return f":{n}"
+    return ""
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# What a parameter's value must be, by name (a name means the same in every policy that
+# takes it); each test gets a number (lists: see _LISTS). The policies check more.
+_AT_LEAST_0 = ("must be >= 0", lambda v: v >= 0)
+_ABOVE_0 = ("must be > 0", lambda v: v > 0)
+_COUNT = ("must be an integer >= 1", lambda v: _int(v) and v >= 1)
+_INT32 = ("must be an integer in [-2147483648, 2147483647] (SGLang's priority range)",
+          lambda v: _int(v) and -(2**31) <= v < 2**31)
+_SCALARS = {
+    "seed": ("must be an integer >= 0", lambda v: _int(v) and v >= 0),
+    "time_slice_ms": _ABOVE_0, "ttft_s": _ABOVE_0, "tpot_s": _ABOVE_0,
+    "doc_tokens": _COUNT, "chunk": _COUNT, "preemption_threshold": _INT32,
+    "doc_ttft_s_per_token": _AT_LEAST_0, "s_per_chunk": _AT_LEAST_0,
+    "s_per_token": _AT_LEAST_0, "s_per_token_ctx": _AT_LEAST_0, "max_defer_s": _AT_LEAST_0,
+}
+# list-valued parameters: (what it must be, the test of each item, how many items or None)
+_LISTS = {
+    "weights": ("must be [tier, wait, speed], three numbers >= 0",
+                lambda v: _num(v) and v >= 0, 3),
+    "prefill": ("must be [s_per_chunk, s_per_token, s_per_token_ctx, chunk]: numbers >= 0 "
+                "and chunk an integer >= 1", None, 4),
+    "tier_ttft_s": ("must be a list of [priority, ttft_s] pairs: an integer priority and a "
+                    "TTFT target > 0", lambda v: isinstance(v, list | tuple) and len(v) == 2
+                    and _INT32[1](v[0]) and _num(v[1]) and v[1] > 0, None),
+}
+
+
+def _range_problem(key: str, value: Any) -> str | None:
+    if not _finite_all(value):
+        return "every number must be finite"
+    if key in _SCALARS and _num(value):
+        what, ok = _SCALARS[key]
+        return None if ok(value) else what
+    if key in _LISTS and isinstance(value, list | tuple):
+        what, ok, n = _LISTS[key]
+        if n is not None and len(value) != n:
+            return what
+        if key == "prefill":
+            good = all(_num(x) and x >= 0 for x in value[:3]) and _int(value[3]) and value[3] >= 1
+        else:
+            good = all(ok(x) for x in value)
+        return None if good else what
+    return None
+
+
+def _finite_all(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(_finite_all(x) for x in value)
+    if isinstance(value, dict):
+        return all(_finite_all(x) for x in value.values())
+    return True
 
 
 def _type_ok(value: Any, default: Any) -> bool:
