@@ -469,7 +469,7 @@ def _with(base: dict, path: str, value) -> dict:
     ("router", {"name": "cache_aware", "cache_threshold": "0.5"},
      "router.cache_threshold: '0.5'"),
     ("router", {"name": "prefix_hash", "virtual_nodes": 0}, "router.virtual_nodes: 0"),
-    ("faults", [{"kind": "crash", "replica": "a0", "at_s": -1}], "at_s -1: must be >= 0"),
+    ("faults", [{"kind": "crash", "replica": "a0", "at_s": -1}], "at_s -1: must be a finite number >= 0"),
 ])
 def test_deployment_numbers_are_checked_with_file_line_and_key(tmp_path, capsys, path, value,
                                                               msg):
@@ -512,3 +512,15 @@ def test_policy_spec_numbers_are_checked_with_file_line_and_key(tmp_path, capsys
         "Infinity", "1e999"))
     err = simulate_error(capsys, "--workload", SMALL, "--policy", str(f))
     assert f"{f}:4: " in err and msg in err, err
+
+
+@pytest.mark.parametrize("fault,msg", [
+    ("slow:sg0:1:inf:5", "factor inf: must be a finite number > 0"),  # was accepted
+    ("crash:sg0:1:2:3:4", "crash takes at most 2 numbers"),  # the extra ones were ignored
+    ("crash:sg0:nan:5", "at_s nan: must be a finite number >= 0"),
+    ("hang:sg0:1e400:1", "at_s inf: must be a finite number >= 0"),
+])
+def test_fault_flags_are_checked(capsys, fault, msg):
+    err = cli_error(capsys, "simulate", "--deployment", "finance-sglang-pool", "--workload",
+                    SMALL, "--fault", fault)
+    assert msg in err, err

@@ -48,10 +48,14 @@ class Fault:
             raise ConfigError(f"fault kind {self.kind!r}: allowed values: {', '.join(FAULT_KINDS)}")
         for key in ("at_s", "repair_s", "duration_s"):
             v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
-                raise ConfigError(f"fault {self.kind} on {self.replica}: {key} {v!r}: must be >= 0")
-        if not (isinstance(self.factor, (int, float)) and self.factor > 0):
-            raise ConfigError(f"fault slow on {self.replica}: factor {self.factor!r}: must be > 0")
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and np.isfinite(v)
+                                           and v >= 0):
+                raise ConfigError(f"fault {self.kind} on {self.replica}: {key} {v!r}: must be "
+                                  "a finite number >= 0")
+        f = self.factor
+        if isinstance(f, bool) or not (isinstance(f, (int, float)) and np.isfinite(f) and f > 0):
+            raise ConfigError(f"fault slow on {self.replica}: factor {f!r}: must be a finite "
+                              "number > 0")
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -67,6 +71,10 @@ class Fault:
         except ValueError:
             raise ConfigError(f"--fault {text!r}: times and factors must be numbers") from None
         kind, rep, at = parts[0], parts[1], nums[0]
+        most = {"crash": 2, "slow": 3, "hang": 2}[kind]
+        if len(nums) > most:
+            raise ConfigError(f"--fault {text!r}: {kind} takes at most {most} numbers after the "
+                              "replica (crash:r0:100:60, slow:r1:50:3:120, hang:r0:10:300)")
         if kind == "crash":
             return cls(kind, rep, at, repair_s=nums[1] if len(nums) > 1 else 60.0)
         if kind == "slow":
