@@ -18,7 +18,7 @@ class SimRequest:
         "cached_tokens", "retractions", "preemptions", "status", "error",
         "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
         "node", "computed", "private", "matched_node", "round_start_s", "swapped_tokens",
-        "left_batch_s", "lost_s", "moved_bytes", "entered_s",
+        "left_batch_s", "lost_s", "moved_bytes", "entered_s", "view_cache",
     )
 
     def __init__(self, req: Request, sent_s: float, index: int) -> None:
@@ -57,6 +57,7 @@ class SimRequest:
         self.left_batch_s: float | None = None  # when it was last preempted or retracted
         self.lost_s = 0.0  # time spent out of the batch after preemptions and retractions
         self.moved_bytes = 0.0  # KV bytes copied for it (swap out and in)
+        self.view_cache: tuple | None = None  # (state key, RequestView): twin/views.py
 
     @property
     def fill_len(self) -> int:

@@ -1,6 +1,7 @@
 """The twin's adapter from `SimRequest` to the policy's frozen `RequestView` (the runtime
-plugin has the same adapter for SGLang's `Req`). Views are built fresh for each decision;
-nothing is written onto a request for the policy to read."""
+plugin has the same adapter for SGLang's `Req`). Views are built from the state at each
+decision; nothing is written onto a request for the policy to read (a request keeps its
+last view, reused while the state it was built from is unchanged)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,24 @@ def prefix_path(node) -> tuple[int, ...]:
 
 
 def view(r: SimRequest, ratio: float, running: bool) -> RequestView:
+    """The frozen view of `r` now. A view is kept on the request with the state it was
+    built from and reused while that state is the same (a waiting request's view rarely
+    changes between passes; building one costs more than comparing the state)."""
+    node = None if running else r.matched_node
+    key = (running, r.queue_entry_s, r.prefix_len, r.max_new_tokens, r.generated_tokens,
+           r.first_token_s, r.arrival_work, r.ignore_eos,
+           ratio if running and not r.ignore_eos else None,
+           r.round_start_s if running else None,
+           node, node is not None and node.parent is None)  # an evicted node: no path
+    hit = r.view_cache
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    v = _build(r, ratio, running)
+    r.view_cache = (key, v)
+    return v
+
+
+def _build(r: SimRequest, ratio: float, running: bool) -> RequestView:
     return RequestView(
         rid=r.rid, priority=r.priority, arrival_s=r.arrival_s, queue_entry_s=r.queue_entry_s,
         prompt_tokens=r.prompt_tokens, prefix_len=r.prefix_len,
