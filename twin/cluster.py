@@ -17,6 +17,7 @@ request the router could not place (`failed`); records carry `replica`, `pool` a
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -500,12 +501,17 @@ class Deployment:
     def summary(self, records: list[dict], slo: SLO | None = None) -> dict:
         """The fleet's summary, per pool and per replica, with the router's counts."""
         s = summarize(records, slo)
+        whole = copy.deepcopy(s)  # a pool that served every request has the same
         s["gpus"] = sum(w.gpus for w in self.workers)
         s["failover"] = dict(self.stats)
         pools = sorted({w.pool for w in self.workers}, key=[w.pool for w in self.workers].index)
-        s["pools"] = {p: _part(records, "pool", p, slo, sum(w.gpus for w in self.workers
-                                                             if w.pool == p))
-                      for p in pools}
+        s["pools"] = {}
+        for p in pools:
+            gpus = sum(w.gpus for w in self.workers if w.pool == p)
+            if all(r["pool"] == p for r in records):
+                s["pools"][p] = {**copy.deepcopy(whole), "gpus": gpus}
+            else:
+                s["pools"][p] = _part(records, "pool", p, slo, gpus)
         s["replicas"] = {}
         for w in self.workers:
             part = _part(records, "replica", w.name, slo, w.gpus)
