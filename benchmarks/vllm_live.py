@@ -40,9 +40,12 @@ def describe(name: str) -> str:
     if name == "prefix":
         return f"`{vl.PREFIX_SPEC}` (seed 0)"
     r = work.requests
-    gaps = sorted({round(b.arrival_s - a.arrival_s, 3) for a, b in zip(r, r[1:], strict=False)})
-    return (f"{len(r)} requests, prompts {sorted({q.prompt_tokens for q in r})}, outputs "
-            f"{sorted({q.output_tokens for q in r})}, arrival gaps {gaps or '-'} s")
+    if len({(q.prompt_tokens, q.output_tokens) for q in r}) > 1:
+        return ", ".join(f"{q.rid} {q.prompt_tokens} + {q.output_tokens} tokens at "
+                         f"{q.arrival_s:g} s" for q in r)
+    gap = r[1].arrival_s - r[0].arrival_s if len(r) > 1 else 0.0
+    return (f"{len(r)} requests of {r[0].prompt_tokens} + {r[0].output_tokens} tokens, "
+            f"{gap:g} s apart")
 
 
 def main() -> int:

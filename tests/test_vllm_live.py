@@ -80,8 +80,18 @@ def test_max_num_seqs_and_fcfs_admission(runs):
 
 
 def test_the_token_budget_chunks_a_long_prompt_into_three_steps(runs):
-    _, _, live, twin = runs["chunk"]
-    assert live["chunk_steps"] == twin["chunk_steps"] == 3
+    live_recs, twin_run, live, twin = runs["chunk"]
+    assert (live["chunk_steps"], twin["chunk_steps"]) == (3, 3), (
+        _gaps(live_recs), _gaps(twin_run.records))
+
+
+def _gaps(records):
+    import numpy as np
+
+    by = {r["rid"]: r for r in records}
+    t0 = vl.token_times(by["r0"])
+    return {"r1_in": by["r1"]["arrival_s"], "r1_first": by["r1"]["arrival_s"] + by["r1"]["ttft_s"],
+            "r0_times": np.round(t0, 3).tolist()}
 
 
 def test_recompute_preemption_when_kv_blocks_run_out(runs):
