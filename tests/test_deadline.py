@@ -69,3 +69,35 @@ def test_validate_plan_refuses_withholding_everything_from_an_idle_server():
     assert validate_plan(s, Plan(order=(0, 1, 2), admit=4))
     assert validate_plan(s, Plan(order=(0, 1, 2), admit=1)) is None
     assert validate_plan(snap(100.0, QUEUE, RUNNING), Plan(order=(0, 1, 2), admit=0)) is None
+
+
+def test_the_replica_withholds_and_still_serves_everyone():
+    """A policy that admits one request per pass while anything runs: every request is
+    served (an idle server admits all), and the schedule differs from the same order
+    without withholding."""
+    from experiments.rl.config import preset
+    from experiments.rl.env import capacity_of, step_time_for
+    from experiments.rl.episode import run_policy
+    from experiments.rl.evaluate import episode_workload
+    from twin.policy import Policy
+
+    class OneAtATime(Policy):
+        name = "one-at-a-time"
+
+        def __init__(self, hold: bool) -> None:
+            super().__init__()
+            self.hold = hold
+
+        def decide(self, snap):
+            if snap.candidate is not None:
+                return Plan(victims=())
+            order = tuple(range(len(snap.waiting)))
+            return Plan(order=order, admit=1 if self.hold and snap.running else None)
+
+    cfg = preset("tiny")
+    wl = episode_workload(cfg, 3, {"load": 1.5, "burst_cv": 2.0})
+    runs = [run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg), OneAtATime(h))
+            for h in (True, False)]
+    held, free = (r[1] for r in runs)
+    assert [r["status"] for r in held] == ["ok"] * len(wl.requests)
+    assert held != free
