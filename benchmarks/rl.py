@@ -118,9 +118,16 @@ def live_comparison(ns) -> None:
               ns.live_policies, log=lambda m: print("#", m, flush=True))
     print(f"\nworkload {res['workload']} at {res['load']:.0%} of the calibrated capacity "
           f"({res['capacity_rps']:.3f} req/s); SLO {res['targets']}\n")
+    print("at the targets above, the twin as calibrated:\n")
     print(live_table(res))
     print()
     for line in gains(res):
+        print(line)
+    print("\nat the targets scaled by each run's drift (its steps over the profile's), the "
+          "twin's steps too:\n")
+    print(live_table(res, "live_k", "twin_k"))
+    print()
+    for line in gains(res, live="live_k", twin="twin_k"):
         print(line)
 
 

@@ -187,10 +187,12 @@ def run(out: Path, load: float = 1.5, budget_s: float = 60, learned: str | None 
     old = out / "result.json"
     if old.is_file() and json.loads(old.read_text()).get("seeds") == list(seeds):
         result["runs"] = json.loads(old.read_text())["runs"]
-    for label, spec in spec_files(out, targets, prefill, learned).items():
-        if only and label not in only:
-            continue
-        for seed in seeds:
+    specs = {k: v for k, v in spec_files(out, targets, prefill, learned).items()
+             if not only or k in only}
+    for seed in seeds:  # the policies of one seed back to back: similar machine load
+        for label, spec in specs.items():
+            if str(seed) in result["runs"].get(label, {}):
+                continue  # done in an earlier, interrupted run
             row = one_run(out, label, spec, workload(load * rps, seed), prof, extra, seed)
             result["runs"].setdefault(label, {})[str(seed)] = row
             log(f"{label} seed {seed}: live {row['live']['slo_attainment']:.1%} twin "
@@ -205,27 +207,44 @@ def run(out: Path, load: float = 1.5, budget_s: float = 60, learned: str | None 
 def one_run(out: Path, label: str, spec: str, wl, prof: dict, extra: dict, seed: int) -> dict:
     """One workload on a fresh server running `spec`, and in the twin at its send times."""
     from calibration.session import server_facts
-    from calibration.validate import at_send_times, simulate_like
+    from calibration.validate import at_send_times, drift, simulate_like, step_check
     from experiments.policy_effect import fallbacks
     from runtime.client import ReplayConfig, replay
     from runtime.cpu.serve import CpuServer
     from runtime.plugin.env import plugin_env
+    from twin.metrics import write_records
 
     d = out / f"{label.replace(':', '-')}-{seed}"
     d.mkdir(exist_ok=True)
     t0 = time.monotonic()
     env = plugin_env(spec, d / "decisions.jsonl") | extra
-    with CpuServer(SERVER_FLAGS, env=env, log_path=d / "server.log") as server:
+    with CpuServer(SERVER_FLAGS, env=env, log_path=d / "server.log",
+                   start_timeout=600) as server:  # the shared machine can be slow to start
         facts = server_facts(server.url)
         res = replay(wl, ReplayConfig(url=server.url), None, facts)
     live = res.records
-    twin, _ = simulate_like(at_send_times(wl, live), facts.info, prof,
-                            policy=None if label == "shortest-prefill-first" else spec)
+    sent = at_send_times(wl, live)
+    pol = None if label == "shortest-prefill-first" else spec
+    twin, step = simulate_like(sent, facts.info, prof, policy=pol)
+    k = drift(step_check(live, facts.info, step)) or 1.0
+    scaled, _ = simulate_like(sent, facts.info, prof, k, policy=pol)
+    write_records(d / "live.jsonl", live)
+    write_records(d / "twin.jsonl", list(twin))
+    write_records(d / "twin-drift.jsonl", list(scaled))
     counts = fallbacks(d)
     t = _targets_of(out)
-    return {"live": slo_stats(live, t), "twin": slo_stats(list(twin), t),
+    tk = scale_targets(t, k)
+    return {"live": slo_stats(live, t), "twin": slo_stats(list(twin), t), "drift": k,
+            "live_k": slo_stats(live, tk), "twin_k": slo_stats(list(scaled), tk),
             "faults": {k: counts.get(k, 0) for k in ("raised", "invalid", "slow")},
             "applied": counts.get("applied", 0), "wall_s": round(time.monotonic() - t0)}
+
+
+def scale_targets(t: SloTargets, k: float) -> SloTargets:
+    """The SLO in units of a server running `k` times slower than profiled (the targets
+    are multiples of the server's own step times, `cpu_targets`)."""
+    return replace(t, ttft_s=t.ttft_s * k, tpot_s=t.tpot_s * k if t.tpot_s else t.tpot_s,
+                   doc_ttft_s_per_token=t.doc_ttft_s_per_token * k)
 
 
 def _targets_of(out: Path) -> SloTargets:
@@ -236,8 +255,9 @@ def mean_row(runs: dict) -> dict:
     """Means over seeds of every number of the per-seed rows (faults summed)."""
     rows = list(runs.values())
     out: dict = {}
-    for side in ("live", "twin"):
+    for side in ("live", "twin", "live_k", "twin_k"):
         out[side] = {k: _mean([r[side][k] for r in rows]) for k in rows[0][side]}
+    out["drift"] = _mean([r["drift"] for r in rows])
     out["faults"] = {k: sum(r["faults"][k] for r in rows) for k in rows[0]["faults"]}
     out["applied"] = sum(r["applied"] for r in rows)
     out["wall_s"] = sum(r["wall_s"] for r in rows)
@@ -249,26 +269,29 @@ def _mean(vals: list):
     return float(np.mean(vals)) if vals else None
 
 
-def table(result: dict) -> str:
+def table(result: dict, live: str = "live", twin: str = "twin") -> str:
+    """Per policy, means over the seeds: SLO attainment live and in the twin (`live_k` /
+    `twin_k`: at the targets scaled by each run's drift, the twin's steps too)."""
     head = ("| policy | SLO live | SLO twin | short live | short twin | documents live | "
             "documents twin | P99 TTFT short live / twin (s) | P99 TTFT documents live / "
-            "twin (s) | not ok | faults (raised/invalid/slow) |")
-    lines = [head, "|" + "---|" * 11]
+            "twin (s) | drift | not ok | faults (raised/invalid/slow) |")
+    lines = [head, "|" + "---|" * 12]
     pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
     sec = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     for label, row in result["policies"].items():
-        lv, tw, f = row["live"], row["twin"], row["faults"]
+        lv, tw, f = row[live], row[twin], row["faults"]
         lines.append(
             f"| {label} | {pct(lv['slo_attainment'])} | {pct(tw['slo_attainment'])} | "
             f"{pct(lv['slo_short'])} | {pct(tw['slo_short'])} | {pct(lv['slo_documents'])} | "
             f"{pct(tw['slo_documents'])} | {sec(lv['p99_ttft_short_s'])} / "
             f"{sec(tw['p99_ttft_short_s'])} | {sec(lv['p99_ttft_documents_s'])} / "
-            f"{sec(tw['p99_ttft_documents_s'])} | {lv['not_ok']} | "
+            f"{sec(tw['p99_ttft_documents_s'])} | {sec(row.get('drift'))} | {lv['not_ok']} | "
             f"{f['raised']}/{f['invalid']}/{f['slow']} |")
     return "\n".join(lines)
 
 
-def gains(result: dict, base: str = "shortest-prefill-first") -> list[str]:
+def gains(result: dict, base: str = "shortest-prefill-first", live: str = "live",
+          twin: str = "twin") -> list[str]:
     """Each policy's relative SLO-attainment gain over `base`, live and in the twin."""
     pol = result["policies"]
     if base not in pol:
@@ -277,7 +300,9 @@ def gains(result: dict, base: str = "shortest-prefill-first") -> list[str]:
     for label, row in pol.items():
         if label == base:
             continue
-        g = {w: row[w]["slo_attainment"] / pol[base][w]["slo_attainment"] - 1
-             if pol[base][w]["slo_attainment"] else float("nan") for w in ("live", "twin")}
-        out.append(f"{label} vs {base}: live {g['live']:+.1%}, twin {g['twin']:+.1%}")
+        g = {}
+        for w in (live, twin):
+            b, a = pol[base][w]["slo_attainment"], row[w]["slo_attainment"]
+            g[w] = f"{a / b - 1:+.1%}" if b else f"{a:.1%} vs 0"
+        out.append(f"{label} vs {base}: live {g[live]}, twin {g[twin]}")
     return out
