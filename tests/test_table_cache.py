@@ -59,7 +59,7 @@ def test_the_entry_holds_no_pickled_objects(cache, cap):
 def test_a_changed_key_rebuilds(cache, cap, monkeypatch):
     OpdbStepTime(cap, ARGS)
     monkeypatch.setattr(opdb_mod, "_version",
-                        lambda dist: "0.0-other" if dist == "aiconfigurator-core" else None)
+                        lambda module: "0.0-other" if module == "aiconfigurator_core" else None)
     other = OpdbStepTime(cap, ARGS)
     assert not other.from_cache
     assert len(list(cache.glob("*.npz"))) == 2

@@ -22,7 +22,6 @@ import io
 import json
 import logging
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +182,8 @@ def _model_path(model: ModelSpec):
     if Path(model.name).exists():
         yield str(Path(model.name).parent if Path(model.name).is_file() else model.name)
         return
+    import tempfile  # only for a model outside the catalog (start-up time)
+
     with tempfile.TemporaryDirectory(prefix="servetwin-model-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(dict(model.hf_config)))
         yield tmp

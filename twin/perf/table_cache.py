@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,6 +72,8 @@ def store(kind: str, key: Mapping, arrays: Mapping[str, np.ndarray]) -> Path | N
     path = entry_path(kind, key)
     if path is None:
         return None
+    import tempfile  # only when writing (start-up time)
+
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
