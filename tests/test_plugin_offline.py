@@ -194,3 +194,27 @@ def test_tracking_is_off_where_sglang_changes_waiting_requests_unseen():
     # outside a server the hooks are not in place: never tracked
     assert not _changes_are_tracked(SimpleNamespace(
         tree_cache=SimpleNamespace(supports_fast_match_prefix=lambda: False)))
+
+
+def test_an_admission_limit_holds_back_the_rest_of_the_order_for_this_pass():
+    from twin.policy.base import Policy
+
+    class AdmitTwo(Policy):
+        def decide(self, snap):
+            return Plan(order=tuple(reversed(range(len(snap.waiting)))), admit=2)
+
+    rt = _runtime("lof", False)
+    rt.policy, rt.sort_key = AdmitTwo(), None
+    queue = [FakeReq(i) for i in range(5)]
+    assert rt.on_order(queue, None, 0, None)
+    assert [r.rid for r in queue] == ["r4", "r3", "r2", "r1", "r0"]
+    assert [rt.withholds(r) for r in queue] == [False, False, True, True, True]
+    # an answer out of contract (admit 0 with nothing running) falls back: nothing held
+    rt.policy = type("AdmitNone", (Policy,), {"decide": lambda self, snap: Plan(
+        order=tuple(range(len(snap.waiting))), admit=0)})()
+    assert not rt.on_order(queue, None, 0, None)
+    assert not any(rt.withholds(r) for r in queue) and rt.counters["invalid"] >= 1
+    # the log keeps the limit, so a replay can tell it
+    line = decisions.plan_from_json(decisions.plan_to_json(Plan(order=(1, 0), admit=1)))
+    assert line == Plan(order=(1, 0), admit=1)
+    assert not decisions.same_decision("order", line, Plan(order=(1, 0)))

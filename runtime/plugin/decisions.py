@@ -54,7 +54,10 @@ def snapshot_from_json(d: dict[str, Any]) -> Snapshot:
 def plan_to_json(p: Plan | None) -> dict[str, Any] | None:
     if p is None:
         return None
-    return {"order": None if p.order is None else list(p.order), "victims": list(p.victims)}
+    out = {"order": None if p.order is None else list(p.order), "victims": list(p.victims)}
+    if p.admit is not None:
+        out["admit"] = p.admit
+    return out
 
 
 def plan_from_json(d: dict[str, Any] | None) -> Plan | None:
@@ -62,7 +65,7 @@ def plan_from_json(d: dict[str, Any] | None) -> Plan | None:
         return None
     order = d.get("order")
     return Plan(order=None if order is None else tuple(order),
-                victims=tuple(d.get("victims", ())))
+                victims=tuple(d.get("victims", ())), admit=d.get("admit"))
 
 
 def header_line(spec: dict, policy_args: dict, server: dict, native: bool,
@@ -98,12 +101,12 @@ def read_lines(path: Path | str) -> Iterator[dict[str, Any]]:
 
 
 def same_decision(question: str, a: Plan | None, b: Plan | None) -> bool:
-    """Identical answers: the same order; for preemption the same set of victims (SGLang
+    """Identical answers: the same order (and the same admission limit); for preemption the same set of victims (SGLang
     releases them as a set, so their order does not change what happens)."""
     if a is None or b is None:
         return a is b
     if question == "order":
-        return a.order == b.order
+        return a.order == b.order and a.admit == b.admit
     return sorted(a.victims) == sorted(b.victims)
 
 

@@ -31,15 +31,12 @@ import time
 from pathlib import Path
 
 from runtime.plugin import decisions
+from runtime.plugin.preempt import PreemptQuestions
 from runtime.plugin.views import (
     LazyViews,
     WaitingViews,
     entry_views,
-    preemptible_running,
-    req_view,
     sort_keys,
-    tokens_needed,
-    views,
 )
 from twin.policy.base import Plan, Snapshot
 from twin.policy.check import validate_plan
@@ -150,7 +147,7 @@ def _adder_class_hook(original, scheduler):
 def _make_adder_class(base: type) -> type:
     from sglang.srt.managers.schedule_policy import AddReqResult
 
-    no_token = AddReqResult.NO_TOKEN
+    no_token, other = AddReqResult.NO_TOKEN, AddReqResult.OTHER
 
     class ServetwinPrefillAdder(base):
         """SGLang's PrefillAdder; `preempt_to_schedule` asks the servetwin policy, and so
@@ -159,8 +156,10 @@ def _make_adder_class(base: type) -> type:
 
         def add_one_req(self, req, *args, **kwargs):
             rt = _RUNTIME
-            if rt is not None:  # examined: its prefix match was just redone
-                rt.waiting_views.forget(req)
+            if rt is not None:
+                rt.waiting_views.forget(req)  # examined: its prefix match was just redone
+                if rt.withholds(req):  # SGLang's admission loop stops here, as on a spent
+                    return other       # budget: the policy's `Plan.admit`
             res = super().add_one_req(req, *args, **kwargs)
             if res != no_token or rt is None or not rt.kv_preempts:
                 return res
@@ -176,6 +175,8 @@ def _make_adder_class(base: type) -> type:
             rt = _RUNTIME
             if rt is None:
                 return own(req)
+            if rt.withholds(req):  # withheld this pass: no room is made for it
+                return False
             try:
                 return rt.on_preempt(self, req, own)
             except Exception as exc:  # on_preempt catches its own; the last guard
@@ -188,7 +189,7 @@ def _make_adder_class(base: type) -> type:
 
 # --- the runtime ----------------------------------------------------------------------------
 
-class PluginRuntime:
+class PluginRuntime(PreemptQuestions):
     """The policy, its log and its counters inside one scheduler process."""
 
     def __init__(self, spec, policy, policy_args: dict, server_policy: str, native: bool,
@@ -215,6 +216,7 @@ class PluginRuntime:
         #: (see there); otherwise every pass checks them
         self.tracks_changes = _changes_are_tracked(scheduler)
         self.pass_entries: tuple | None = None  # this pass's (entries, order): sort key path
+        self.pass_held: set | None = None  # ids of the requests `Plan.admit` holds back
         if self._log is not None:
             server = {"schedule_policy": server_policy,
                       "tp_rank": getattr(scheduler, "tp_rank", 0)}
@@ -288,6 +290,11 @@ class PluginRuntime:
         active = policy_obj._determine_active_policy(queue)
         return None if isinstance(active, cache_aware) else fcfs
 
+    def withholds(self, req) -> bool:
+        """Whether this pass's order answer holds `req` back (`Plan.admit`)."""
+        held = self.pass_held
+        return held is not None and id(req) in held
+
     def stop_tracking(self) -> None:
         self.tracks_changes = False
         self.waiting_views.clear()
@@ -305,7 +312,7 @@ class PluginRuntime:
     def on_order(self, queue: list, running_batch, processed_tokens: int, before,
                  matched: bool = True) -> bool:
         self.pass_queue, self.pass_views, self.pass_running = queue, None, None
-        self.pass_entries = None
+        self.pass_entries = self.pass_held = None
         self.processed_tokens = processed_tokens
         if self.native:
             if before is not None:
@@ -329,7 +336,8 @@ class PluginRuntime:
             else:
                 snap = self.order_snapshot(entry_views(entries), running_batch)
                 plan = self.policy.decide(snap)
-                why = None if _is_permutation(plan, len(queue)) else validate_plan(snap, plan)
+                why = None if _is_permutation(plan, len(queue)) and plan.admit is None \
+                    else validate_plan(snap, plan)
         except Exception as exc:
             self.failed("raised", "order", exc, snap, None, t0)
             return False
@@ -337,6 +345,8 @@ class PluginRuntime:
             self.failed("invalid", "order", why, snap, plan, t0)
             return False
         queue[:] = map(queue.__getitem__, plan.order)
+        if plan.admit is not None:  # the admission loop stops at the first one held back
+            self.pass_held = set(map(id, queue[plan.admit:]))
         self.pass_entries = (entries, plan.order)  # permuted if a preempt question asks
         self.decided(snap, plan, "applied", self._timed(t0, "order"))
         return True
@@ -363,127 +373,6 @@ class PluginRuntime:
             self.failed("raised", "native order log", exc)
             return
         self.decided(snap, Plan(order=order), "native", (time.perf_counter() - t0) * 1e6)
-
-    # preemption ---------------------------------------------------------------------------
-    def on_preempt(self, adder, req, own) -> bool:
-        if self.native:
-            return self._native_preempt(adder, req, own) if self._log else own(req)
-        t0 = time.perf_counter()
-        snap = plan = None
-        try:
-            valid = preemptible_running(adder)
-            snap = self.preempt_snapshot(adder, req, valid)
-            plan = self.policy.decide(snap)
-            why = validate_plan(snap, plan)
-        except Exception as exc:
-            self.failed("raised", "preempt", exc, snap, None, t0)
-            return own(req)
-        if why:
-            self.failed("invalid", "preempt", why, snap, plan, t0)
-            return own(req)
-        us = self._timed(t0, "preempt")
-        self.decided(snap, plan, "applied", us)
-        if not plan.victims:
-            return False
-        try:
-            commit_preemption(adder, [valid[i] for i in plan.victims])
-        except Exception as exc:  # SGLang's own release steps failed half-way
-            self.failed("raised", "preempt commit", exc)
-            return False
-        return True
-
-    def on_kv_shortfall(self, adder, req) -> bool:
-        """`add_one_req` answered NO_TOKEN: unless the request was added all the same
-        (the verdict is then about the next one), ask the policy a preempt question with
-        SGLang's own `min_tokens_to_remove` and commit its victims as
-        `preempt_to_schedule` does. Whether victims were released (the caller then
-        retries the request once); every failure means "no preemption", SGLang's own
-        behaviour, and the candidate waits."""
-        if adder.can_run_list and adder.can_run_list[-1] is req:
-            return False
-        valid = preemptible_running(adder)
-        if not valid:
-            return False
-        t0 = time.perf_counter()
-        snap = plan = None
-        try:
-            snap = self.preempt_snapshot(adder, req, valid)
-            plan = self.policy.decide(snap)
-            why = validate_plan(snap, plan)
-        except Exception as exc:
-            self.failed("raised", "kv preempt", exc, snap, None, t0, cause="kv")
-            return False
-        if why:
-            self.failed("invalid", "kv preempt", why, snap, plan, t0, cause="kv")
-            return False
-        self.decided(snap, plan, "applied", self._timed(t0, "preempt"), cause="kv")
-        if not plan.victims:
-            return False
-        try:
-            commit_preemption(adder, [valid[i] for i in plan.victims])
-        except Exception as exc:  # SGLang's own release steps failed half-way
-            self.failed("raised", "kv preempt commit", exc)
-            return False
-        self.counters["kv_preemptions"] += 1
-        self._write_counters()
-        return True
-
-    def preempt_snapshot(self, adder, req, valid: list) -> Snapshot:
-        ratio = adder.new_token_ratio
-        queue = self.pass_queue or []
-        idx = next((i for i, r in enumerate(queue) if r is req), None)
-        fresh = req_view(req, False, ratio)
-        if idx is None:  # not in this pass's queue (should not happen): a queue of one
-            waiting, idx = (fresh,), 0
-        else:
-            known = self._queue_views(queue, ratio)
-            waiting = known[:idx] + (fresh,) + known[idx + 1:]
-        return self._snapshot(waiting, self._running_views(valid, ratio), ratio,
-                              candidate=idx, tokens_needed=tokens_needed(adder, req))
-
-    def _queue_views(self, queue: list, ratio: float) -> tuple:
-        """The views of this pass's queue in its current order (the order question's,
-        permuted as its answer was applied)."""
-        if self.pass_entries is not None:
-            entries, order = self.pass_entries
-            self.pass_entries = None
-            if len(entries) == len(queue):
-                self.pass_views = (tuple(entries[i][1] for i in order), None)
-        if self.pass_views is not None:
-            known, order = self.pass_views
-            if order is not None and len(known) == len(queue):
-                self.pass_views = (tuple(map(known.__getitem__, order)), None)
-            known = self.pass_views[0]
-            if len(known) == len(queue):
-                return known
-        return views(queue, False, ratio)
-
-    def _running_views(self, valid: list, ratio: float) -> tuple:
-        known = self.pass_running
-        out = []
-        for r in valid:
-            v = known.view_of(r) if known is not None else None
-            out.append(v if v is not None else req_view(r, True, ratio))
-        return tuple(out)
-
-    def _native_preempt(self, adder, req, own) -> bool:
-        t0 = time.perf_counter()
-        try:
-            valid = preemptible_running(adder)
-            snap = self.preempt_snapshot(adder, req, valid)
-            before = len(adder.preempt_list)
-        except Exception as exc:
-            self.failed("raised", "native preempt log", exc)
-            return own(req)
-        done = own(req)
-        try:
-            taken = {id(r) for r in adder.preempt_list[before:]}
-            victims = tuple(i for i, r in enumerate(valid) if id(r) in taken)
-            self.decided(snap, Plan(victims=victims), "native",
-                         (time.perf_counter() - t0) * 1e6)
-        except Exception as exc:
-            self.failed("raised", "native preempt log", exc)
-        return done
 
     # shared -------------------------------------------------------------------------------
     def _storage_on(self) -> bool:
@@ -565,24 +454,6 @@ class PluginRuntime:
             os.replace(tmp, path)
         except OSError:
             pass
-
-
-def commit_preemption(adder, victims: list) -> None:
-    """SGLang 0.5.23's own commit in `PrefillAdder.preempt_to_schedule`: take each victim's
-    reservation off the budget, release it, drop it from the running batch and list it for
-    re-queueing after the pass."""
-    chosen = {id(r) for r in victims}
-    batch = adder.running_batch
-    keep, released = [], 0
-    for i, r in enumerate(batch.reqs):
-        if id(r) in chosen:
-            adder.memory_budget.total_offset -= adder._get_running_request_total_token_offset(r)
-            released += 1
-            batch.release_req(i, len(batch.reqs) - released)
-        else:
-            keep.append(i)
-    batch.filter_batch(keep_indices=keep)
-    adder.preempt_list.extend(victims)
 
 
 def _is_permutation(plan, n: int) -> bool:
