@@ -61,6 +61,11 @@ def test_length_router_sends_each_prompt_to_its_pool_and_the_twin_agrees(deploym
     twin = _twin(work, facts.info)
     pool_of = {"sglang": "replica-sglang", "vllm": "replica-vllm"}
     assert {r["rid"]: pool_of[r["pool"]] for r in twin} == want
+    # vLLM caches a block when it is scheduled, so which vLLM requests hit, and how much,
+    # does not depend on the step times: the twin's vLLM replica (block size 128) agrees
+    # request for request
+    assert {r["rid"]: r["cached_tokens"] for r in recs if r["replica"] == "replica-vllm"} == \
+        {r["rid"]: r["cached_tokens"] for r in twin if r["pool"] == "vllm"}
     live_vllm = fl.cached_share([r for r in recs if r["replica"] == "replica-vllm"])
     twin_vllm = fl.cached_share([r for r in twin if r["pool"] == "vllm"])
     assert live_vllm == pytest.approx(twin_vllm, abs=0.15)
@@ -78,5 +83,6 @@ def _twin(work, info):
                        "replicas": [{"name": "vl", "engine": "vllm",
                                      "server_args": {"model": sg_args["model_path"],
                                                      "max_model_len": 8192, "max_num_seqs": 16,
+                                                     "max_num_batched_tokens": 2048,
                                                      "block_size": 128}}]}]}
     return simulate_fleet(parse_spec(spec, "<length>"), work).records
