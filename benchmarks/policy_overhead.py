@@ -14,9 +14,17 @@ row back to back; the table gives min / median over the rounds and the paired di
 
 Workload: prompts of 100 tokens, max_new_tokens 16..527, priorities 0..2 in a fixed
 pseudo-random pattern; 16 running requests (10 tokens generated each); the server's
-policy is `fcfs` with priority scheduling (SGLang sorts by priority, then queue entry).
+policy is `fcfs` with priority scheduling (SGLang sorts by priority, then queue entry);
+before each plugin pass the queue's head is forgotten, as `add_one_req` does for the
+request a pass examined, so its view is rebuilt.
 
-    python benchmarks/policy_overhead.py [--rounds N] [--write]   # --write: into docs/policies.md
+"added" is against SGLang's own sort of the same order where SGLang has one (`lof`
+against SGLang's `lof`), else against its fcfs with priority (what the native `priority`
+is). "the policy's decide alone" is what the twin runs for the same order question (a
+snapshot already built): with it, a policy's own arithmetic (`slices`' score) is told
+apart from what the plugin adds.
+
+    python benchmarks/policy_overhead.py [--rounds N] [--sizes N ...] [--write]
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import subprocess
 import sys
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -136,6 +144,7 @@ class Row:
     n: int
     calc: list[float]  # µs per call, one sample per round
     preempt: list[float]
+    alone: list[float] = field(default_factory=list)  # the policy's decide on a snapshot
 
 
 def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc,
@@ -147,6 +156,7 @@ def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc,
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     from runtime.plugin import hooks
+    from runtime.plugin.views import views
 
     calls = max(20, 6000 // n)
     cache = RadixCache.create_simulated()
@@ -176,6 +186,9 @@ def rows_at(n: int, runtimes: dict, running: list, adder_cls: type, own_calc,
                 rt.waiting_views.forget(q[0])
             sp.calc_priority(q, batch, processed_tokens=0)
 
+        if rt is not None and not rt.native:  # what the twin runs for the same question
+            snap = rt.order_snapshot(views(q, False, 0.7), batch)
+            rows[label].alone.append(per_call_us(lambda: rt.policy.decide(snap), calls))
         return (per_call_us(one_pass, calls),
                 per_call_us(lambda: make_adder(adder_cls, running)
                             .preempt_to_schedule(candidate), calls))
@@ -209,13 +222,16 @@ def table(rows: list[Row]) -> str:
     `priority` is), paired (the same moment's load), and the difference of the minima."""
     by = {(r.label, r.n): r for r in rows}
     out = ["| hooks | waiting | calc_priority µs min / med | added med (min) | × own "
-           "| preempt_to_schedule µs min / med | added med (min) |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| the policy's decide alone µs med | preempt_to_schedule µs min / med "
+           "| added med (min) |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         o = by[(OWN_LOF if r.label.startswith("lof ") else OWN, r.n)]
-        cells = [r.label, f"{r.n:,}", _min_med(r.calc), "", "", _min_med(r.preempt), ""]
+        alone = f"{statistics.median(r.alone):.1f}" if r.alone else ""
+        cells = [r.label, f"{r.n:,}", _min_med(r.calc), "", "", alone, _min_med(r.preempt),
+                 ""]
         if r.label not in (OWN, OWN_LOF):
-            cells[3], cells[6] = _added(r.calc, o.calc), _added(r.preempt, o.preempt)
+            cells[3], cells[7] = _added(r.calc, o.calc), _added(r.preempt, o.preempt)
             cells[4] = f"{statistics.median(r.calc) / statistics.median(o.calc):.2f}"
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
