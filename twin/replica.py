@@ -56,6 +56,16 @@ class Feed(Protocol):
     def unsent(self) -> list[tuple[float, Request]]: ...
 
 
+def _time_invariant(st: StepTimeModel) -> bool:
+    """Whether a step-time model's answers never change during a run (no wrapper in its
+    chain carries a `factor` that a fault may move)."""
+    while st is not None:
+        if hasattr(st, "factor"):
+            return False
+        st = getattr(st, "inner", None) or getattr(st, "base", None)
+    return True
+
+
 class Replica(Inbox, KVMemory, CutRuns):
     """The simulated server. `run()` is its SimPy process; `finished` collects every
     request that left (ok, rejected or aborted)."""
@@ -118,6 +128,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         self.cur_batch: list[SimRequest] = []  # the prefill batch being run
         self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
         self._counts_only = type(self.alloc) is TokenPool  # decode_steps is room // batch
+        self._dt_cache: tuple = (None, 0, 0, np.empty(0))  # `_decode_times`
 
     def _sleep(self, dur: float) -> simpy.Event | None:
         """The replica is busy for `dur` seconds: the event to wait on, or None when the
@@ -154,7 +165,8 @@ class Replica(Inbox, KVMemory, CutRuns):
             if self.debug:
                 self.check_integrity()
             self._pull_arrivals(now)
-            self._sample(now)
+            if now >= self._next_sample:
+                self._sample(now)
             if self.horizon is not None and now >= self.horizon:
                 break
             if self._stall > 0:
@@ -449,8 +461,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
         cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
         limit = self._next_boundary(arrivals=not cut)
-        # every step's duration is elementwise in its KV sum: one call gives them all
-        times = self.st.decode_times(b, kv0 + b * np.arange(k))
+        times = self._decode_times(b, kv0, k)
         if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
             bound = int((limit - now) / float(times[0])) + 1
             if bound < k:
@@ -487,6 +498,21 @@ class Replica(Inbox, KVMemory, CutRuns):
                 yield ev
         if done:
             self._finish_done(self.env.now)
+
+    def _decode_times(self, b: int, kv0: int, k: int) -> np.ndarray:
+        """Durations of k decode steps of b requests from KV sum kv0. Every step's time is
+        elementwise in its KV sum (the backend contract), so one call gives a whole run,
+        and a run that continues the last one's batch (cut at a sample, a slice) reads
+        the same array on."""
+        st, cb, ckv, ctimes = self._dt_cache
+        if st is self.st and b == cb and kv0 >= ckv and (kv0 - ckv) % b == 0:
+            j = (kv0 - ckv) // b
+            if j + k <= len(ctimes):
+                return ctimes[j:j + k]
+        times = self.st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+        if _time_invariant(self.st):  # not a fleet's `slow` fault wrapper (its factor moves)
+            self._dt_cache = (self.st, b, kv0, times)
+        return times
 
     def _add_ends(self, ends: np.ndarray) -> None:
         """Append step end times; many small arrays are folded into one now and then
