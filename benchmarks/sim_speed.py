@@ -1,78 +1,116 @@
-"""Simulator speed: simulated requests per CPU-second and simulated seconds per wall second.
+"""Simulator speed: simulated requests per CPU-second of the whole `servetwin simulate`
+process (imports, step-time tables, simulation, records and summary written), and its
+peak memory, for this tree and, side by side in the same run, a previous commit.
 
-Workload (as Vidur was measured in ../docs, anchors): Poisson 1.5 req/s, prompt U(1000, 4000),
-output U(100, 500), Llama-3.1-8B on one A100-SXM-80GB. Start-up (backend tables) and the
-simulation itself (including building the records and the summary) are timed apart.
+Workloads: Vidur's (Poisson 1.5 req/s, prompt U(1000, 4000), output U(100, 500),
+Llama-3.1-8B on one A100-SXM-80GB), the same shapes at 5 req/s on one H100-SXM (a load it
+sustains: the 1M-request day), and the finance-qa preset on the users' deployment (the
+default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCIe at TP 2).
 
-    python benchmarks/sim_speed.py [--sizes 10000 100000] [--backends roofline opdb]
+    python benchmarks/sim_speed.py [--sizes 10000 100000] [--base COMMIT] [--base-max N]
+        [--workloads vidur h100] [--rounds 1]
+
+The previous commit is checked out with `git worktree add -f /tmp/servetwin-base COMMIT`
+and run as `PYTHONPATH=/tmp/servetwin-base python -m servetwin.cli simulate ...` in the
+same venv, from a directory outside both trees (so neither shadows the other). Each
+child's CPU time and peak RSS come from `os.wait4` (its own `rusage`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
-import time
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
-import simpy
-
-from twin.config import ServerArgs, derive_capacity
-from twin.metrics import summarize, twin_records
-from twin.perf import make_step_time
-from twin.sim import SimConfig, build_replica
-from twin.workload import from_spec
-
-SPEC = "arrival=poisson,rate=1.5,n={n},prompt=uniform:1000:4000,output=uniform:100:500"
-# variant -> (SGLang server args, twin SimConfig fields)
-EXTRA = {
-    "default": ({}, {}),
-    "mixed-chunk+lpm": ({"enable_mixed_chunk": True, "schedule_policy": "lpm"}, {}),
-    "buddy+slices50ms": ({}, {"kv_allocator": "buddy", "preemption_mode": "moderate",
-                             "time_slice_ms": 50.0}),
+ROOT = Path(__file__).resolve().parents[1]
+VIDUR = "arrival=poisson,rate={rate},n={n},prompt=uniform:1000:4000,output=uniform:100:500"
+LLAMA = ["--model-path", "meta-llama/Llama-3.1-8B"]
+WORKLOADS = {
+    "vidur": lambda n: [*LLAMA, "--gpu", "a100-sxm-80gb", "--step-time-backend", "opdb",
+                        "--workload", VIDUR.format(rate=1.5, n=n)],
+    "h100": lambda n: [*LLAMA, "--gpu", "h100-sxm-80gb", "--step-time-backend", "opdb",
+                       "--workload", VIDUR.format(rate=5, n=n)],
+    "finance-qa": lambda n: ["--workload", "finance-qa"],  # the preset: 600 requests
 }
 
 
-def one(n: int, backend: str, extra: tuple[dict, dict]) -> dict:
-    workload = from_spec(SPEC.format(n=n), seed=0)
-    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", **extra[0])
-    cfg = SimConfig(args=args, gpu="a100-sxm-80gb", step_time_backend=backend, **extra[1])
-    t0 = time.process_time()
-    st = make_step_time(backend, derive_capacity(args, cfg.gpu), args)
-    startup = time.process_time() - t0
-    env = simpy.Environment()
-    w0, c0 = time.perf_counter(), time.process_time()
-    rep, _ = build_replica(env, workload, cfg, st)
-    env.process(rep.run())
-    env.run()
-    c_sim = time.process_time() - c0
-    records = twin_records(rep.finished, rep.step_end)
-    summarize(records)
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    return {"n": n, "backend": backend, "startup_cpu_s": startup, "sim_cpu_s": c_sim,
-            "cpu_s": cpu, "req_per_cpu_s": n / cpu, "sim_s": env.now,
-            "sim_s_per_wall_s": env.now / wall, "steps": rep.counters.decode_steps
-            + rep.counters.prefill_steps + rep.counters.mixed_steps}
+def run_once(tree: Path, argv: list[str], out: Path) -> tuple[float, float, bool]:
+    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, "-m", "servetwin.cli", "simulate", *argv, "--out", str(out)]
+    with tempfile.TemporaryDirectory() as cwd:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, status == 0
+
+
+def same_files(a: Path, b: Path) -> str:
+    for name in ("requests.jsonl", "summary.json"):
+        if (a / name).read_bytes() != (b / name).read_bytes():
+            return f"{name} differs"
+    return "identical"
+
+
+def base_tree(commit: str) -> Path:
+    path = Path(tempfile.gettempdir()) / "servetwin-base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path),
+                    commit], check=True, capture_output=True)
+    return path
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    ap.add_argument("--backends", nargs="+", default=["roofline", "opdb"])
-    ap.add_argument("--variants", nargs="+", default=["default"], choices=list(EXTRA))
+    ap.add_argument("--workloads", nargs="+", default=["vidur"], choices=list(WORKLOADS))
+    ap.add_argument("--base", default=None, help="a previous commit to compare with")
+    ap.add_argument("--base-max", type=int, default=100_000,
+                    help="run the base only up to this many requests (before issue 14 "
+                    "a 1M run needed about 21 GB)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; best of")
     ns = ap.parse_args()
-    print(f"# sim_speed {datetime.date.today()} on {platform.node()} "
-          f"({platform.processor() or platform.machine()}, Python {platform.python_version()})")
-    print(f"# workload: {SPEC.format(n='N')}; Llama-3.1-8B, 1x a100-sxm-80gb")
-    print("| requests | backend | variant | start-up CPU s | simulate+records CPU s | "
-          "requests / CPU-s | simulated s / wall s | steps |")
-    print("|---|---|---|---|---|---|---|---|")
-    for variant in ns.variants:
-        for backend in ns.backends:
-            for n in ns.sizes:
-                r = one(n, backend, EXTRA[variant])
-                print(f"| {n:,} | {backend} | {variant} | {r['startup_cpu_s']:.2f} | "
-                      f"{r['cpu_s']:.2f} | {r['req_per_cpu_s']:,.0f} | "
-                      f"{r['sim_s_per_wall_s']:,.0f} | {r['steps']:,} |", flush=True)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    base = base_tree(ns.base) if ns.base else None
+    print(f"# sim_speed {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
+          f"{platform.node()} ({platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}"
+          + (" (+ uncommitted)" if subprocess.run(
+              ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "twin"]).returncode
+             else "") + (f", base {ns.base}" if base else ""))
+    for w in ns.workloads:
+        print(f"# {w}: servetwin simulate {' '.join(WORKLOADS[w]('N'))}")
+    print("| workload | requests | CPU s | requests / CPU-s | peak RSS MB | base CPU s | "
+          "base peak MB | speed-up | records |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in ns.workloads:
+        for n in ns.sizes if w != "finance-qa" else [600]:
+            argv = WORKLOADS[w](n)
+            with tempfile.TemporaryDirectory() as tmp:
+                new_out, base_out = Path(tmp) / "new", Path(tmp) / "base"
+                best_new = best_base = (float("inf"), 0.0, True)
+                run_base = base is not None and n <= ns.base_max
+                for _ in range(ns.rounds):
+                    if run_base:
+                        best_base = min(best_base, run_once(base, argv, base_out))
+                    best_new = min(best_new, run_once(ROOT, argv, new_out))
+                cpu, rss, ok = best_new
+                row = [w, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}", f"{rss:,.0f}"]
+                if run_base:
+                    bcpu, brss, _ = best_base
+                    row += [f"{bcpu:.2f}", f"{brss:,.0f}", f"{bcpu / cpu:.2f}x",
+                            same_files(new_out, base_out) if ok else "run failed"]
+                else:
+                    row += ["-", "-", "-", "ok" if ok else "run failed"]
+                print("| " + " | ".join(row) + " |", flush=True)
+    if base is not None:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                       capture_output=True)
 
 
 if __name__ == "__main__":
