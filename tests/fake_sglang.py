@@ -43,7 +43,17 @@ class FakeSglang:
         return self
 
     def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _close(self) -> None:
+        """End the handlers still waiting (a stalled server's), so none is left pending."""
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)

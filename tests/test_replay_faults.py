@@ -120,6 +120,23 @@ def test_a_stalled_server_costs_one_liveness_check_not_a_timeout_per_request():
     assert all(r["status"] == "aborted" for r in recs.values() if r not in sent)
 
 
+@pytest.mark.parametrize("fault", [{"die_after": 7}, {"stall_after": 7}])
+def test_a_closed_loop_stops_whole_when_the_server_goes(fault):
+    """4 clients, 30 requests: the clients waiting on a dead or hung server are released
+    (their requests failed with the reason), the rest never sent are aborted."""
+    rids = [f"c{i}" for i in range(30)]
+    work = Workload("fake", _workload(rids, out=10, gap=0.0).requests, 4)
+    with FakeSglang(token_delay=0.02, **fault) as fake:
+        res = replay(work, ReplayConfig(url=fake.url, request_timeout_s=60.0, stall_s=0.5,
+                                        health_timeout_s=0.5, max_lateness_s=LOOSE))
+    recs = _once_each(res, rids)
+    assert "stopped answering mid-run" in res.stop_reason
+    sent = [r for r in recs.values() if not (r["error"] or "").startswith("not sent")]
+    assert 7 <= len(sent) == res.meta["sent"] < 30
+    assert {r["status"] for r in sent} <= {"ok", "failed"}
+    assert sum(r["status"] == "aborted" for r in recs.values()) == res.meta["not_sent"]
+
+
 def test_cli_records_every_request_when_the_server_dies(tmp_path, capsys):
     out = tmp_path / "died"
     with FakeSglang(token_delay=0.02, die_after=5) as fake:
