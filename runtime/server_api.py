@@ -81,10 +81,18 @@ def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> Ser
     vocab, source = _vocab(info, vocab_size)
     return ServerFacts(
         info=info, vocab_size=vocab, vocab_source=source,
-        priority_scheduling=bool(info.get("enable_priority_scheduling")),
-        context_length=info.get("context_length"),
-        max_req_input_len=info.get("max_req_input_len"), workers=workers,
+        priority_scheduling=info.get("enable_priority_scheduling") is True,
+        context_length=_count(info.get("context_length")),
+        max_req_input_len=_count(info.get("max_req_input_len")), workers=workers,
     )
+
+
+def _count(value: object) -> int | None:
+    """A token limit from `/server_info`, or None when it is not a positive integer (a
+    server that is not SGLang's, or garbage): then no limit is assumed."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _vocab(info: dict, given: int | None) -> tuple[int, str]:
@@ -96,9 +104,14 @@ def _vocab(info: dict, given: int | None) -> tuple[int, str]:
     except (OSError, ValueError):
         return FALLBACK_VOCAB, (f"fallback {FALLBACK_VOCAB}: {config} not readable here; "
                                 "pass --vocab-size")
-    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    text_cfg = cfg.get("text_config") if isinstance(cfg, dict) else None
+    vocab = (cfg.get("vocab_size") if isinstance(cfg, dict) else None) or (
+        text_cfg.get("vocab_size") if isinstance(text_cfg, dict) else None)
     if not vocab:
         return FALLBACK_VOCAB, f"fallback {FALLBACK_VOCAB}: no vocab_size in {config}"
+    if _count(vocab) is None or vocab < 5:  # token_ids draws from [3, vocab)
+        return FALLBACK_VOCAB, (f"fallback {FALLBACK_VOCAB}: vocab_size {vocab!r} in {config} "
+                                "is not a token count; pass --vocab-size")
     return int(vocab), str(config)
 
 

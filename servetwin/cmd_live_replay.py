@@ -44,13 +44,13 @@ def register_replay(sub) -> None:
 def run_replay(ns: argparse.Namespace) -> int:
     from runtime.client import INTERRUPTED, ReplayConfig, replay
     from runtime.server_api import ReplayError, probe
-    from twin.inputs import COUNT, POSITIVE, check, check_optional
+    from twin.inputs import POSITIVE, Rule, check, check_optional
     from twin.metrics import format_summary, summarize
 
     workload = workload_from(ns)
     check("--max-lateness-ms", ns.max_lateness_ms, POSITIVE)
     check("--request-timeout", ns.request_timeout, POSITIVE)
-    check_optional("--vocab-size", ns.vocab_size, COUNT)
+    check_optional("--vocab-size", ns.vocab_size, Rule(integer=True, lo=5))  # ids from 3
     check_out_dir(ns.out)
     url = ns.url.rstrip("/")
     cfg = ReplayConfig(url=url, seed=ns.seed, max_lateness_s=ns.max_lateness_ms / 1e3,

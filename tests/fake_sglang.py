@@ -25,11 +25,13 @@ FOREVER = 3600.0
 
 class FakeSglang:
     def __init__(self, priority: bool = False, token_delay: float = 0.002,
-                 die_after: int | None = None, stall_after: int | None = None) -> None:
+                 die_after: int | None = None, stall_after: int | None = None,
+                 info: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.priority, self.token_delay = priority, token_delay
         self.die_after, self.stall_after = die_after, stall_after
+        self.info_override = info or {}  # /server_info fields replaced (garbage, say)
         self.bodies: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self.dead = self.stalled = False
@@ -87,7 +89,8 @@ class FakeSglang:
                                   "enable_priority_scheduling": self.priority,
                                   "context_length": 1000, "max_req_input_len": 999,
                                   "enable_metrics": True, "max_total_num_tokens": 4096,
-                                  "max_running_requests": 8, "chunked_prefill_size": 512})
+                                  "max_running_requests": 8, "chunked_prefill_size": 512}
+                                 | self.info_override)
 
     async def _die(self) -> None:
         """Stop listening and drop every connection (a killed process's sockets)."""

@@ -24,6 +24,7 @@ from twin.workload import Request, Workload
 
 pytestmark = pytest.mark.offline
 LOOSE = 60.0  # no lateness bound: these tests check records, not the machine's load
+SMALL_SPEC = "arrival=poisson,rate=20,n=5,prompt=fixed:20,output=fixed:4"
 
 
 def _workload(rids: list[str], out: int = 4, gap: float = 0.01) -> Workload:
@@ -66,6 +67,22 @@ def test_garbage_answers_fail_their_request_only():
     assert "connection error" in recs["cut11"]["error"]
     assert recs["ok10"]["status"] == recs["ok12"]["status"] == "ok"
     assert res.meta["sent"] == len(rids) and res.stop_reason is None
+
+
+def test_garbage_server_info_is_not_believed(tmp_path, capsys):
+    """Limits that are not token counts are ignored, a priority flag that is not true is
+    off; the replay runs (a --vocab-size that leaves no token ids is refused)."""
+    bad = {"context_length": "abc", "max_req_input_len": -1,
+           "enable_priority_scheduling": "yes", "model_path": ["x"]}
+    with FakeSglang(info=bad) as fake:
+        code = main(["live", "replay", "--url", fake.url, "--workload", SMALL_SPEC, "--out",
+                     str(tmp_path / "r"), "--max-lateness-ms", "60000"])
+        assert code == 0, capsys.readouterr().err
+        assert all(r["status"] == "ok" for r in read_records(tmp_path / "r" / "requests.jsonl"))
+        assert "priority" not in fake.bodies[0]
+        code = main(["live", "replay", "--url", fake.url, "--workload", SMALL_SPEC, "--out",
+                     str(tmp_path / "v"), "--vocab-size", "3"])
+    assert code == 2 and "--vocab-size 3: must be an integer >= 5" in capsys.readouterr().err
 
 
 def test_a_stream_without_progress_and_a_silent_request_time_out():
