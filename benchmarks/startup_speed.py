@@ -5,7 +5,8 @@ run), alternating between the two so that the machine's load falls on both alike
 of `--repeats` rounds, and the ratio current / base:
 
 1. Start-up: the CPU time (user + system) of a whole `servetwin simulate` process that
-   simulates one request (Llama-3.1-8B on one A100-SXM-80GB, opdb step times), with a
+   simulates one request (Llama-3.1-8B on one A100-SXM-80GB, the default step-time
+   backend: opdb, after checking that aiconfigurator-core's data covers it), with a
    cold opdb table cache (an empty `SERVETWIN_CACHE_DIR`) and a warm one (the same
    directory again). Python's bytecode cache is on, in a directory of the run's own, and
    warmed before timing, as on an installed machine.
@@ -16,7 +17,8 @@ of `--repeats` rounds, and the ratio current / base:
 3. The environment (`servetwin/Scheduling-v0`, preset finance-qa): decisions per
    CPU-second with seeded random actions over 4 episodes (step() only; tables built).
 
-    python benchmarks/startup_speed.py [--base 6f0ad37] [--repeats 3] [--parts ...]
+    python benchmarks/startup_speed.py [--base 6f0ad37] [--current HEAD|tree] [--repeats 3]
+                                       [--parts startup fleet env]
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from calibration.profiles import machine  # noqa: E402
 ONE_REQUEST = ["simulate", "--workload", "arrival=poisson,rate=1.5,n=1,"
                "prompt=uniform:1000:4000,output=uniform:100:500",
                "--model-path", "meta-llama/Llama-3.1-8B", "--gpu", "a100-sxm-80gb",
-               "--tp-size", "1", "--step-time-backend", "opdb"]
+               "--tp-size", "1"]  # the default backend: opdb, whose data covers it
 FLEET_CODE = """
 import json, sys, time
 import simpy
@@ -133,8 +135,8 @@ def rates(trees: list[Tree], repeats: int, code: str, args: list[str]) -> dict[s
     return {label: statistics.median(v) for label, v in got.items()}
 
 
-def base_tree(rev: str, scratch: Path) -> Path:
-    path = scratch / "base"
+def worktree(rev: str, scratch: Path, name: str) -> Path:
+    path = scratch / name
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path),
                     rev], check=True, capture_output=True)
     return path
@@ -145,26 +147,35 @@ def main() -> None:
     ap.add_argument("--base", default="6f0ad37",
                     help="the commit to compare with (default: before issue 14's start-up "
                     "and fleet work)")
+    ap.add_argument("--current", default="HEAD",
+                    help="the commit to measure (default HEAD: committed work only); "
+                    "'tree' measures the working tree with its uncommitted changes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parts", nargs="+", default=["startup", "fleet", "env"],
                     choices=["startup", "fleet", "env"])
     ns = ap.parse_args()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    base_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ns.base],
+    def short(rev: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev],
                               capture_output=True, text=True, check=True).stdout.strip()
+
+    current = ("the working tree at " + short("HEAD") if ns.current == "tree"
+               else short(ns.current))
     print(f"# startup_speed {datetime.date.today()}; {machine()}")
-    print(f"# current: {ROOT} at {head} (with its uncommitted changes); base: {base_rev}; "
-          f"medians of {ns.repeats} rounds, alternating current and base")
+    print(f"# current: {current}; base: {short(ns.base)}; medians of {ns.repeats} rounds, "
+          "alternating current and base")
     with tempfile.TemporaryDirectory(prefix="servetwin-speed-") as tmp:
         scratch = Path(tmp)
-        trees = [Tree("current", ROOT, scratch), Tree("base", base_tree(ns.base, scratch),
-                                                      scratch)]
+        made = [worktree(ns.base, scratch, "base")]
+        if ns.current != "tree":
+            made.append(worktree(ns.current, scratch, "current"))
+        trees = [Tree("current", ROOT if ns.current == "tree" else made[1], scratch),
+                 Tree("base", made[0], scratch)]
         try:
             report(ns, trees)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(trees[1].path)], capture_output=True)
+            for path in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(path)], capture_output=True)
 
 
 def report(ns: argparse.Namespace, trees: list[Tree]) -> None:
@@ -178,7 +189,7 @@ def report(ns: argparse.Namespace, trees: list[Tree]) -> None:
 
     if "startup" in ns.parts:
         print("| _start-up: `servetwin simulate` of 1 request, Llama-3.1-8B, 1x "
-              "a100-sxm-80gb, opdb; whole process_ | | | |")
+              "a100-sxm-80gb, default backend (opdb); whole process_ | | | |")
         for name, v in startup(trees, ns.repeats):
             row(name, v, ".2f", "lower is better")
     if "fleet" in ns.parts:
