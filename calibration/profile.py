@@ -68,11 +68,15 @@ class ServerLimits:
 
     @classmethod
     def from_info(cls, info: dict) -> ServerLimits:
-        chunk = info.get("chunked_prefill_size")
-        total = int(info.get("max_total_num_tokens") or info.get("max_total_tokens") or 4096)
-        max_in = int(info.get("max_req_input_len") or info.get("context_length") or total)
-        return cls(int(info.get("max_running_requests") or 8), total,
-                   int(chunk) if chunk and chunk > 0 else None, min(max_in, total - 1))
+        from runtime.server_api import positive_int  # garbage (not a positive integer): None
+
+        def get(*keys: str) -> int | None:
+            return next((n for n in (positive_int(info.get(k)) for k in keys) if n), None)
+
+        total = get("max_total_num_tokens", "max_total_tokens") or 4096
+        max_in = get("max_req_input_len", "context_length") or total
+        return cls(get("max_running_requests") or 8, total, get("chunked_prefill_size"),
+                   min(max_in, total - 1))
 
     def derive_limits(self) -> Limits:
         return Limits(self.chunk, self.max_running)

@@ -82,12 +82,12 @@ def probe(url: str, vocab_size: int | None = None, timeout: float = 10.0) -> Ser
     return ServerFacts(
         info=info, vocab_size=vocab, vocab_source=source,
         priority_scheduling=info.get("enable_priority_scheduling") is True,
-        context_length=_count(info.get("context_length")),
-        max_req_input_len=_count(info.get("max_req_input_len")), workers=workers,
+        context_length=positive_int(info.get("context_length")),
+        max_req_input_len=positive_int(info.get("max_req_input_len")), workers=workers,
     )
 
 
-def _count(value: object) -> int | None:
+def positive_int(value: object) -> int | None:
     """A token limit from `/server_info`, or None when it is not a positive integer (a
     server that is not SGLang's, or garbage): then no limit is assumed."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -109,7 +109,7 @@ def _vocab(info: dict, given: int | None) -> tuple[int, str]:
         text_cfg.get("vocab_size") if isinstance(text_cfg, dict) else None)
     if not vocab:
         return FALLBACK_VOCAB, f"fallback {FALLBACK_VOCAB}: no vocab_size in {config}"
-    if _count(vocab) is None or vocab < 5:  # token_ids draws from [3, vocab)
+    if positive_int(vocab) is None or vocab < 5:  # token_ids draws from [3, vocab)
         return FALLBACK_VOCAB, (f"fallback {FALLBACK_VOCAB}: vocab_size {vocab!r} in {config} "
                                 "is not a token count; pass --vocab-size")
     return int(vocab), str(config)
