@@ -267,3 +267,40 @@ def test_record_files_for_compare(tmp_path, changes, drop, raw):
     except ServetwinError:
         return
     compare_records(recs, [dict(RECORD)])
+
+
+# ---- what a live server streams back (runtime/recording.py) -------------------------------
+JSON_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-3, 40),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5))
+META_VALUE = st.recursive(JSON_SCALAR, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=6)
+META_KEYS = st.sampled_from(["completion_tokens", "prompt_tokens", "cached_tokens",
+                             "num_retractions", "queue_time", "finish_reason",
+                             "weight_version", "other"])
+META = st.one_of(META_VALUE, st.dictionaries(META_KEYS, META_VALUE, max_size=6),
+                 st.fixed_dictionaries({"completion_tokens": st.integers(-2, 12)},
+                                       optional={"queue_time": JSON_SCALAR,
+                                                 "finish_reason": META_VALUE}))
+
+
+@fuzz(300)
+@given(st.lists(META, min_size=0, max_size=8))
+def test_any_streamed_meta_info_gives_a_valid_record(tmp_path_factory, metas):
+    """Chunks of any shape: each is taken or refused (ValueError, the request fails), and
+    the record is always one `read_records` accepts, with strict JSON (no NaN)."""
+    from runtime.recording import StreamLog
+    from twin.workload import Request
+
+    log = StreamLog(Request.make("r", 0.0, [(1, 8)], 10), 0.0, 100.0)
+    for i, meta in enumerate(metas):
+        try:
+            log.on_chunk(100.0 + 0.01 * (i + 1), meta)
+        except ValueError as exc:
+            log.fail("failed", f"unreadable stream from the server: {exc}")
+            break
+    rec = log.record()
+    path = tmp_path_factory.mktemp("rec") / "requests.jsonl"
+    path.write_text(json.dumps(rec, allow_nan=False) + "\n")
+    assert read_records(path) == [rec]
+    assert rec["status"] != "ok" or rec["output_tokens"] == 10
