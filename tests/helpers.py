@@ -21,13 +21,16 @@ def req(rid: str, t: float, prompt: int | list, out: int, prio: int = 0, seg: in
     return Request.make(rid, t, segs, out, prio)
 
 
-def run_replica(requests, step_time, concurrency=None, ignore_eos=True, policy=None, **server):
-    """Run the replica with a step log; returns (replica, records by rid)."""
+def run_replica(requests, step_time, concurrency=None, ignore_eos=True, policy=None,
+                path=None, **server):
+    """Run the replica with a step log; returns (replica, records by rid). The scheduler
+    alone: no request path unless `path` (a `RequestPath`) is given."""
     from twin.metrics import twin_records
+    from twin.request_path import OFF
 
     args = ServerArgs(model_path=MODEL, **server)
     cfg = SimConfig(args=args, gpu=GPU, sample_every_s=1e9, debug_checks=True,
-                    ignore_eos=ignore_eos, policy=policy)
+                    ignore_eos=ignore_eos, policy=policy, request_path=path or OFF)
     env = simpy.Environment()
     rep, _ = build_replica(env, Workload("test", tuple(requests), concurrency), cfg, step_time)
     rep.step_log = []

@@ -99,3 +99,39 @@ def test_client_view_adds_egress_to_ttft_and_e2e_only():
     assert out[0] == {"ttft_s": 0.102, "e2e_s": 1.002, "tpot_s": 0.01}
     assert out[1] == {"ttft_s": None, "e2e_s": 0.502}
     assert recs[0]["ttft_s"] == 0.1
+
+
+def test_simulate_defaults_on_a_gpu_overlap_and_the_request_path():
+    import simpy
+
+    from twin.request_path import OFF, SGLANG_0_5_23
+    from twin.sim import SimConfig, make_replica
+
+    args = ServerArgs(model_path="meta-llama/Llama-3.1-8B")
+    cfg = SimConfig(args=args, gpu="h100-sxm-80gb", step_time_backend="roofline")
+    assert cfg.path == SGLANG_0_5_23
+    assert SimConfig(args=args, calibration="p.json").path == OFF  # validate adds its own
+    rep, _ = make_replica(simpy.Environment(), cfg)
+    assert isinstance(rep.st, OverlapStepTime)
+    plain = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B",
+                                      disable_overlap_schedule=True),
+                      gpu="h100-sxm-80gb", step_time_backend="roofline")
+    rep, _ = make_replica(simpy.Environment(), plain)
+    assert not isinstance(rep.st, OverlapStepTime)
+
+
+def test_requests_sent_together_reach_the_scheduler_one_by_one():
+    from twin.sim import SimConfig, simulate
+
+    path = RequestPath(per_request_s=0.01, per_token_s=0.0, latency_s=0.0)
+    wl = from_spec("arrival=closed,concurrency=3,n=3,prompt=fixed:100,output=fixed:2",
+                   seed=0)
+    cfg = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B"),
+                    gpu="h100-sxm-80gb", step_time_backend="roofline", request_path=path)
+    res = simulate(wl, cfg)
+    recs = sorted(res.records, key=lambda r: r["rid"])
+    assert all(r["arrival_s"] == 0.0 for r in recs)  # all sent at 0: TTFT counts from there
+    # the three reach the scheduler 10, 20 and 30 ms after they were sent: the first is
+    # prefilled alone, so each TTFT is at least its own arrival
+    ttfts = sorted(r["ttft_s"] for r in recs)
+    assert ttfts[0] > 0.01 and ttfts[2] > 0.03

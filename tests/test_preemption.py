@@ -11,6 +11,7 @@ from stepmodels import FixedStepTime
 
 from twin.config import ServerArgs
 from twin.metrics import twin_records
+from twin.request_path import OFF
 from twin.sim import SimConfig, build_replica
 from twin.workload import Workload
 
@@ -23,7 +24,7 @@ def run(mode, **cfg_kw):
     reqs = [req("low", 0.0, 20, 10, prio=0), req("vip", 3.5, 20, 2, prio=20)]
     cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_running_requests=1,
                                     max_total_tokens=10_000),
-                    gpu=GPU, sample_every_s=1e9, debug_checks=True, preemption_mode=mode,
+                    gpu=GPU, sample_every_s=1e9, request_path=OFF, debug_checks=True, preemption_mode=mode,
                     **cfg_kw)
     env = simpy.Environment()
     rep, _ = build_replica(env, Workload("t", tuple(reqs)), cfg, ST)
@@ -88,7 +89,7 @@ def test_time_slices_bound_decode_runs_while_someone_waits():
     reqs = [req("a", 0.0, 20, 40), req("b", 1.0, 20, 5)]  # b waits for the only slot
     cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=10_000,
                                     max_running_requests=1), gpu=GPU,
-                    sample_every_s=1e9, preemption_mode="conservative", time_slice_ms=5000)
+                    sample_every_s=1e9, request_path=OFF, preemption_mode="conservative", time_slice_ms=5000)
     env = simpy.Environment()
     rep, _ = build_replica(env, Workload("t", tuple(reqs)), cfg, ST)
     rep.step_log = []
@@ -105,7 +106,7 @@ def test_compaction_stalls_for_the_bytes_it_moves():
 
     w = from_spec("arrival=poisson,rate=20,n=40,prompt=uniform:200:3000,output=uniform:5:60", 3)
     cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=20_000), gpu=GPU,
-                    step_time_backend="roofline", sample_every_s=1e9, debug_checks=True,
+                    step_time_backend="roofline", sample_every_s=1e9, request_path=OFF, debug_checks=True,
                     kv_allocator="contiguous", kv_reserve_fraction=0.0, defrag_every=1)
     env = simpy.Environment()
     rep, _ = build_replica(env, w, cfg)

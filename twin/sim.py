@@ -18,6 +18,7 @@ from twin.memory import make_allocator
 from twin.memory_stats import memory_summary
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
 from twin.outputs import atomic_write_text, atomic_writer
+from twin.overlap import OverlapStepTime, overlaps
 from twin.perf import StepTimeModel, default_step_time, make_step_time
 from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spec
 from twin.policy import build_policy as build_from_spec
@@ -25,6 +26,8 @@ from twin.policy.sglang import CacheAware
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
 from twin.record_table import RecordTable
 from twin.replica import DefragConfig, Replica, SwapConfig
+from twin.request_path import OFF as REQUEST_PATH_OFF
+from twin.request_path import SGLANG_0_5_23, RequestPath
 from twin.source import Source
 from twin.workload import Workload
 
@@ -57,6 +60,16 @@ class SimConfig:
     # only `new_token_ratio` of their remaining tokens (SGLang's rule)
     ignore_eos: bool = True
     policy: str | None = None  # --policy: a name or a spec file; None: from server args
+    # SGLang's request path (twin/request_path.py): the tokenizer manager's queue on the
+    # way in, egress to closed-loop clients; None: the costs measured on the CPU harness,
+    # or none with a calibration profile (validate adds the profile's own path)
+    request_path: RequestPath | None = None
+
+    @property
+    def path(self) -> RequestPath:
+        if self.request_path is not None:
+            return self.request_path
+        return REQUEST_PATH_OFF if self.calibration else SGLANG_0_5_23
 
     def __post_init__(self) -> None:
         _check_numbers(self)
@@ -147,6 +160,8 @@ def make_replica(env: simpy.Environment, cfg: SimConfig,
     cap = derive_capacity(cfg.args, cfg.gpu)
     st = step_time or step_time_for(cfg, cap)
     backend = getattr(st, "name", cfg.step_time_backend or "custom")
+    if overlaps(cfg.args, st):  # SGLang's default overlap loop (twin/overlap.py)
+        st = OverlapStepTime(st)
     policy = decider.policy if decider is not None else build_policy(cfg)
     name = cfg.kv_allocator
     if name == "token" and cfg.args.page_size > 1:
@@ -173,7 +188,7 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     """A deployment of one server fed by `workload`; its feeder process is started,
     the caller starts `rep.run()`."""
     rep, backend = make_replica(env, cfg, step_time, decider)
-    dep = Deployment(env, Source(workload), horizon_s=cfg.horizon_s)
+    dep = Deployment(env, Source(workload, cfg.path), horizon_s=cfg.horizon_s)
     dep.add(rep)
     dep.start()
     return rep, backend
