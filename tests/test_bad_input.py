@@ -524,3 +524,17 @@ def test_fault_flags_are_checked(capsys, fault, msg):
     err = cli_error(capsys, "simulate", "--deployment", "finance-sglang-pool", "--workload",
                     SMALL, "--fault", fault)
     assert msg in err, err
+
+
+@pytest.mark.parametrize("args,msg", [  # found by the deployment fuzzer: a crash, a "yes"
+    ({"page_size": None}, "replicas[0].server_args.page_size: --page-size None: must be "
+     "given (default 1), not null"),
+    ({"enable_mixed_chunk": "yes"}, "--enable-mixed-chunk 'yes': must be true or false"),
+])
+def test_deployment_server_args_of_the_wrong_kind(tmp_path, capsys, args, msg):
+    f = tmp_path / "dep.json"
+    doc = _with(DEPLOYMENT, "replicas.0.server_args", {**DEPLOYMENT["replicas"][0][
+        "server_args"], **args})
+    f.write_text(json.dumps(doc, indent=1))
+    err = cli_error(capsys, "simulate", "--deployment", str(f), "--workload", SMALL)
+    assert msg in err, err

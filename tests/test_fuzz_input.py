@@ -304,3 +304,46 @@ def test_any_streamed_meta_info_gives_a_valid_record(tmp_path_factory, metas):
     path.write_text(json.dumps(rec, allow_nan=False) + "\n")
     assert read_records(path) == [rec]
     assert rec["status"] != "ok" or rec["output_tokens"] == 10
+
+
+# ---- deployment files (twin/fleet.py) -----------------------------------------------------
+_DEP_PATHS = st.sampled_from([
+    ("seed",), ("poll_interval_s",), ("gpu",), ("name",), ("failover",), ("faults",),
+    ("router",), ("router", "cache_threshold"), ("router", "poll_interval_s"),
+    ("router", "balance_abs_threshold"), ("router", "virtual_nodes"),
+    ("replicas", 0, "count"), ("replicas", 0, "gpu"), ("replicas", 0, "name"),
+    ("replicas", 0, "twin"), ("replicas", 0, "twin", "time_slice_ms"),
+    ("replicas", 0, "twin", "kv_allocator"), ("replicas", 0, "server_args", "page_size"),
+    ("replicas", 0, "server_args", "max_running_requests"), ("replicas", 0, "engine"),
+    ("failover", "retry_max_retries"), ("failover", "health_check_interval_secs"),
+    ("router", "name"), ("replicas", 0, "server_args", "enable_mixed_chunk"),
+])
+_ROUTERS = st.sampled_from(["round_robin", "cache_aware", "least_load", "prefix_hash",
+                            "power_of_two", "random"])
+
+
+@fuzz(150)
+@given(_ROUTERS, st.lists(st.tuples(_DEP_PATHS, META_VALUE), max_size=3))
+def test_any_deployment_file_gives_a_clear_error_or_a_fleet(router, changes):
+    import simpy
+
+    from twin.fleet import build_fleet, parse_spec
+
+    doc = {"name": "f", "router": {"name": router},
+           "replicas": [{"name": "a", "count": 2,
+                         "server_args": {"model_path": "meta-llama/Llama-3.1-8B"}}]}
+    for path, value in changes:
+        node = doc
+        for key in path[:-1]:
+            node = node[key] if isinstance(node, list) else node.setdefault(key, {})
+            if not isinstance(node, dict | list):
+                break
+        else:
+            if isinstance(node, dict):
+                node[path[-1]] = value
+    try:
+        spec = parse_spec(json.dumps(doc), "dep.json")
+        build_fleet(simpy.Environment(), spec, get_workload(
+            "n=3,prompt=fixed:20,output=fixed:2", 0))
+    except ServetwinError:
+        pass

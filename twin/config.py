@@ -9,7 +9,7 @@ configuration drives both the twin and a real `python -m sglang.launch_server`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from twin.errors import ConfigError, InfeasibleError
 from twin.hardware import GIB, GpuSpec, get_gpu
@@ -82,6 +82,16 @@ class ServerArgs:
         def bad(flag: str, value: object, allowed: str) -> ConfigError:
             return ConfigError(f"--{flag.replace('_', '-')} {value!r}: {allowed}")
 
+        for f in fields(self):  # a null or a wrong kind of value (a file's "yes" for a flag)
+            v, d = getattr(self, f.name), f.default
+            if d is MISSING or d is None:
+                continue
+            if v is None:
+                raise bad(f.name, v, f"must be given (default {d!r}), not null")
+            if isinstance(d, bool) and not isinstance(v, bool):
+                raise bad(f.name, v, "must be true or false")
+            if isinstance(d, str) and not isinstance(v, str):
+                raise bad(f.name, v, "must be a string")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule_policy", self.schedule_policy,
                       f"allowed values: {', '.join(SCHEDULE_POLICIES)}")

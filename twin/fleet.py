@@ -227,7 +227,7 @@ def _text(where: _Where, at: str, value) -> str:
 def _gpu(where: _Where, at: str, value) -> str:
     from twin.hardware import GPUS
 
-    if value not in GPUS:
+    if not isinstance(value, str) or value not in GPUS:
         raise where.err(at, f"{value!r}: allowed values: {', '.join(sorted(GPUS))}")
     return value
 
@@ -284,6 +284,8 @@ def _router_dict(where: _Where, at: str, r) -> dict:
         return {"name": r}
     if not isinstance(r, dict) or "name" not in r:
         raise where.err(at, "a router is a name or a mapping with name and parameters")
+    if not isinstance(r["name"], str):
+        raise where.err(f"{at}.name", f"{r['name']!r}: must be a router name")
     return dict(r)
 
 
