@@ -347,3 +347,27 @@ def test_any_deployment_file_gives_a_clear_error_or_a_fleet(router, changes):
             "n=3,prompt=fixed:20,output=fixed:2", 0))
     except ServetwinError:
         pass
+
+
+# ---- policy specs (twin/policy/registry.py) -----------------------------------------------
+@fuzz(120)
+@given(st.data())
+def test_any_policy_spec_gives_a_clear_error_or_a_policy_that_keeps_the_contract(data):
+    from twin.policy import PolicyError, build_policy, policy_names, spec_from_dict
+    from twin.policy.check import check_policy, sample_snapshots
+    from twin.policy.registry import policy_params
+
+    name = data.draw(st.sampled_from([n for n in policy_names() if n != "learned"]))
+    keys = sorted(policy_params(name))
+    number = st.one_of(st.integers(-3, 10**6), st.floats(-1e6, 1e12), st.sampled_from(
+        [0, 0.0, 1e-300, 2**31, 1e308]))
+    value = st.one_of(META_VALUE, number, st.lists(number, max_size=4),
+                      st.lists(st.lists(number, min_size=2, max_size=2), max_size=3),
+                      st.sampled_from(["edf", "laxity", "fcfs", "spf", "moderate", "off"]))
+    params = data.draw(st.dictionaries(st.sampled_from(keys), value, max_size=3)
+                       if keys else st.just({}))
+    try:
+        policy = build_policy(spec_from_dict({"name": name, "params": params}, "p.json"))
+    except PolicyError:
+        return
+    check_policy(policy, sample_snapshots()[:20])
