@@ -57,8 +57,8 @@ def same_files(a: Path, b: Path) -> str:
     return "identical"
 
 
-def base_tree(commit: str) -> Path:
-    path = Path(tempfile.gettempdir()) / "servetwin-base"
+def base_tree(commit: str, name: str = "servetwin-base") -> Path:
+    path = Path(tempfile.gettempdir()) / name
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path),
                     commit], check=True, capture_output=True)
     return path
@@ -73,15 +73,18 @@ def main() -> None:
                     help="run the base only up to this many requests (before issue 14 "
                     "a 1M run needed about 21 GB)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; best of")
+    ap.add_argument("--new", default=None, help="measure this commit (a worktree) instead of "
+                    "the working tree (which may hold others' unfinished edits)")
     ns = ap.parse_args()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+    new = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
+    head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
     base = base_tree(ns.base) if ns.base else None
     print(f"# sim_speed {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
           f"{platform.node()} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}"
           + (" (+ uncommitted)" if subprocess.run(
-              ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "twin"]).returncode
+              ["git", "-C", str(new), "diff", "--quiet", "HEAD", "--", "twin"]).returncode
              else "") + (f", base {ns.base}" if base else ""))
     for w in ns.workloads:
         print(f"# {w}: servetwin simulate {' '.join(WORKLOADS[w]('N'))}")
@@ -98,7 +101,7 @@ def main() -> None:
                 for _ in range(ns.rounds):
                     if run_base:
                         best_base = min(best_base, run_once(base, argv, base_out))
-                    best_new = min(best_new, run_once(ROOT, argv, new_out))
+                    best_new = min(best_new, run_once(new, argv, new_out))
                 cpu, rss, ok = best_new
                 row = [w, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}", f"{rss:,.0f}"]
                 if run_base:
@@ -108,9 +111,10 @@ def main() -> None:
                 else:
                     row += ["-", "-", "-", "ok" if ok else "run failed"]
                 print("| " + " | ".join(row) + " |", flush=True)
-    if base is not None:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                       capture_output=True)
+    for tree in (base, new if ns.new else None):
+        if tree is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True)
 
 
 if __name__ == "__main__":
