@@ -23,13 +23,22 @@ class Adder:
         self.rep = rep
         cap = rep.cap
         self.ratio = rep.new_token_ratio
-        self.total_offset = mixed_bs + sum(self.reserved(r) for r in rep.running)
+        self.total_offset = mixed_bs + self._reserved_sum(rep.running)
         self.cur_offset = mixed_bs
         self.rem_input = cap.max_prefill_tokens - mixed_bs
         chunk = cap.chunked_prefill_size
         self.rem_chunk = None if chunk is None else chunk - mixed_bs
         self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
         self.new_chunked: SimRequest | None = None
+
+    def _reserved_sum(self, running: list[SimRequest]) -> float:
+        """sum(reserved(r) for r in running). With every request `ignore_eos` each term
+        is a whole number times 1.0, so the float sum is exact in any order: summed as
+        integers (the same value, without a call per request)."""
+        if not running or not all(r.ignore_eos for r in running):
+            return sum(self.reserved(r) for r in running)
+        clip = C.CLIP_MAX_NEW_TOKENS
+        return float(sum([min(r.max_new_tokens - r.generated_tokens, clip) for r in running]))
 
     def reserved(self, r: SimRequest) -> float:
         """A running request's future tokens (SGLang's rule, shared with the plugin)."""
