@@ -101,7 +101,10 @@ def main() -> None:
                          "live servers)")
     ap.add_argument("--live-policies", nargs="+", default=None,
                     help="run only these live (labels; the others are kept from --live-out)")
+    ap.add_argument("--live-report", action="store_true",
+                    help="print the live tables from --live-out's records, run nothing")
     ns = ap.parse_args()
+    ns.live_only = ns.live_only or ns.live_report
     if not ns.live_only:
         twin_comparison(ns)
     if ns.live or ns.live_only:
@@ -114,8 +117,13 @@ def live_comparison(ns) -> None:
 
     print(f"\n## live: the CPU SGLang server vs the twin calibrated on it "
           f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {machine()})\n")
-    res = run(ns.live_out, ns.live_load, ns.budget_s, ns.policy, ns.plugin_tree,
-              ns.live_policies, log=lambda m: print("#", m, flush=True))
+    if ns.live_report:  # the tables again from the records a run kept
+        from experiments.rl.live import rebuild
+
+        res = rebuild(ns.live_out)
+    else:
+        res = run(ns.live_out, ns.live_load, ns.budget_s, ns.policy, ns.plugin_tree,
+                  ns.live_policies, log=lambda m: print("#", m, flush=True))
     print(f"\nworkload {res['workload']} at {res['load']:.0%} of the calibrated capacity "
           f"({res['capacity_rps']:.3f} req/s); SLO {res['targets']}\n")
     print("at the targets above, the twin as calibrated:\n")

@@ -124,8 +124,29 @@ def slo_stats(records: list[dict], t: SloTargets) -> dict:
         out[f"slo_{name}"] = float(np.mean([met(r) for r in rs])) if rs else None
         ttft = [r["ttft_s"] for r in rs if r["status"] == "ok"]
         out[f"p99_ttft_{name}_s"] = float(np.percentile(ttft, 99)) if ttft else None
+    tpot = [r["tpot_s"] for r in records if r["status"] == "ok" and r["tpot_s"] is not None
+            and not t.is_document(r["prompt_tokens"])]
+    out["median_tpot_short_s"] = float(np.median(tpot)) if tpot else None
     out["not_ok"] = sum(r["status"] != "ok" for r in records)
     return out
+
+
+def rebuild(out: Path) -> dict:
+    """`out/result.json` recomputed from the records each run kept (live.jsonl,
+    twin.jsonl, twin-drift.jsonl) with the current `slo_stats`."""
+    result = json.loads((out / "result.json").read_text())
+    t = _targets_of(out)
+    for label, runs in result["runs"].items():
+        for seed, row in runs.items():
+            d = out / f"{label.replace(':', '-')}-{seed}"
+            rec = {name: [json.loads(x) for x in (d / f"{name}.jsonl").read_text().splitlines()]
+                   for name in ("live", "twin", "twin-drift")}
+            tk = scale_targets(t, row["drift"])
+            row.update(live=slo_stats(rec["live"], t), twin=slo_stats(rec["twin"], t),
+                       live_k=slo_stats(rec["live"], tk),
+                       twin_k=slo_stats(rec["twin-drift"], tk))
+    result["policies"] = {k: mean_row(v) for k, v in result["runs"].items()}
+    return result
 
 
 def spec_files(out: Path, targets: SloTargets, prefill: list[float],
@@ -274,10 +295,12 @@ def table(result: dict, live: str = "live", twin: str = "twin") -> str:
     `twin_k`: at the targets scaled by each run's drift, the twin's steps too)."""
     head = ("| policy | SLO live | SLO twin | short live | short twin | documents live | "
             "documents twin | P99 TTFT short live / twin (s) | P99 TTFT documents live / "
-            "twin (s) | drift | not ok | faults (raised/invalid/slow) |")
-    lines = [head, "|" + "---|" * 12]
+            "twin (s) | median TPOT short live / twin (s) | drift | not ok | "
+            "faults (raised/invalid/slow) |")
+    lines = [head, "|" + "---|" * 13]
     pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
     sec = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    tpot = lambda m: sec(m.get("median_tpot_short_s"))  # noqa: E731
     for label, row in result["policies"].items():
         lv, tw, f = row[live], row[twin], row["faults"]
         lines.append(
@@ -285,7 +308,8 @@ def table(result: dict, live: str = "live", twin: str = "twin") -> str:
             f"{pct(lv['slo_short'])} | {pct(tw['slo_short'])} | {pct(lv['slo_documents'])} | "
             f"{pct(tw['slo_documents'])} | {sec(lv['p99_ttft_short_s'])} / "
             f"{sec(tw['p99_ttft_short_s'])} | {sec(lv['p99_ttft_documents_s'])} / "
-            f"{sec(tw['p99_ttft_documents_s'])} | {sec(row.get('drift'))} | {lv['not_ok']} | "
+            f"{sec(tw['p99_ttft_documents_s'])} | {tpot(lv)} / {tpot(tw)} | "
+            f"{sec(row.get('drift'))} | {lv['not_ok']} | "
             f"{f['raised']}/{f['invalid']}/{f['slow']} |")
     return "\n".join(lines)
 
