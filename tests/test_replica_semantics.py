@@ -112,3 +112,69 @@ def test_priority_gap_within_threshold_does_not_preempt():
     assert recs["low"]["preemptions"] == 0
     assert recs["mid"]["arrival_s"] + recs["mid"]["ttft_s"] > recs["low"]["arrival_s"] + \
         recs["low"]["e2e_s"]
+
+
+def test_queue_time_sums_every_round_as_sglang_reports_it():
+    # low waits 0 s before its first forward; preempted at 4.0 it waits again until high
+    # (prefill 4-6, its second token at 7) leaves its slot: readmitted at 7.0, 3 s later.
+    # SGLang's queue_time adds the rounds (set_forward_entry_time after a retraction).
+    reqs = [req("low", 0.0, 20, 10, prio=0), req("high", 3.5, 20, 2, prio=20)]
+    rep, recs = run_replica(reqs, ST, enable_priority_scheduling=True, max_running_requests=1,
+                            max_total_tokens=10_000)
+    assert recs["high"]["queue_s"] == 0.0  # taken in at the 4.0 boundary, admitted there
+    assert recs["low"]["queue_s"] == 3.0
+
+
+def test_finished_chunks_enter_the_radix_cache_before_the_prompt_is_done():
+    # A's 300-token prompt is chunked at 250: after its first chunk (t=2) its first two
+    # segments are computed and SGLang caches them (cache_unfinished_req), so B, which
+    # arrived at 1.0 with the same two segments, matches 200 tokens and joins A's last
+    # chunk with only its own 50 (without chunk caching it would match 0 and be cut).
+    reqs = [req("A", 0.0, [(1, 100), (2, 100), (3, 100)], 2),
+            req("B", 1.0, [(1, 100), (2, 100), (9, 50)], 1)]
+    rep, recs = run_replica(reqs, ST, chunked_prefill_size=250, max_total_tokens=10_000)
+    assert rep.step_log[:2] == [("prefill", 0.0, [("A", 250)], []),
+                                ("prefill", 2.0, [("A", 50), ("B", 50)], [])]
+    assert recs["B"]["cached_tokens"] == 200 and recs["A"]["cached_tokens"] == 0
+    assert recs["B"]["ttft_s"] == 3.0
+
+
+def test_retraction_re_estimates_the_ratio_with_sglangs_plus_one(monkeypatch):
+    # A (200 outputs) decodes with B until the 400-token pool runs out at t=181; B (fewer
+    # tokens) is retracted; A has 178 of 200: the ratio becomes (178 + 20 x 1) / (200 + 1)
+    # (estimate_new_token_ratio_after_retract), not / 200
+    from twin.replica import Replica
+
+    seen = []
+    orig = Replica._retract
+
+    def spy(self):
+        orig(self)
+        seen.append((self.env.now, self.new_token_ratio, [r.rid for r in self.running]))
+    monkeypatch.setattr(Replica, "_retract", spy)
+    reqs = [req("A", 0.0, 40, 200), req("B", 3.5, 8, 200), req("C", 3.6, 8, 200)]
+    rep, recs = run_replica(reqs, ST, max_total_tokens=400, disable_radix_cache=True,
+                            ignore_eos=False)
+    assert rep.step_log[3:5] == [("decode", 6.0, ["A", "B"], 175), ("decode", 181.0, ["A"], 22)]
+    assert seen[0] == (181.0, (178 + 20) / 201, ["A"])
+    assert recs["B"]["retractions"] == 1
+
+
+def test_retraction_evicts_twenty_tokens_per_remaining_request_at_once(monkeypatch):
+    # release_req evicts remaining x SGLANG_RETRACT_DECODE_STEPS tokens from the radix
+    # cache right away: B's cached 8-token prompt (unlocked by its retraction) goes at once,
+    # A's locked 40 stay; B comes back later with nothing cached
+    from twin.replica import Replica
+
+    seen = []
+    orig = Replica._retract
+
+    def spy(self):
+        before = self.tree.total_tokens
+        orig(self)
+        seen.append((before, self.tree.total_tokens))
+    monkeypatch.setattr(Replica, "_retract", spy)
+    reqs = [req("A", 0.0, 40, 200), req("B", 3.5, 8, 200), req("C", 3.6, 8, 200)]
+    rep, recs = run_replica(reqs, ST, max_total_tokens=400, ignore_eos=False)
+    assert seen[0] == (48, 40)
+    assert recs["B"]["retractions"] == 1 and recs["B"]["cached_tokens"] == 0

@@ -52,8 +52,9 @@ def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
             "itl_s": np.round(itl, 6).tolist(),
             "e2e_s": _r(e2e),
             # as SGLang's meta_info queue_time: from the scheduler taking the request in
-            # (the step boundary after its arrival) to its first forward pass
-            "queue_s": _r(r.first_admit_s - r.entered_s) if r.first_admit_s is not None
+            # (the step boundary after its arrival) to its first forward pass, summed over
+            # every round (a retracted or preempted request waits again)
+            "queue_s": _r(r.queued_s) if r.first_admit_s is not None
             else None,
             "retractions": r.retractions,
             "preemptions": r.preemptions,

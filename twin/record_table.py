@@ -120,7 +120,7 @@ class RecordTable(Sequence):
             ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
             e2e = r.finish_s - r.arrival_s if ok else None
             tpot = _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None
-            queue = _r(r.first_admit_s - r.entered_s) if r.first_admit_s is not None else None
+            queue = _r(r.queued_s) if r.first_admit_s is not None else None
             error = "null" if r.error is None else _json_str(r.error)
             yield (f'{{"rid":{_json_str(r.rid)},"arrival_s":{_num(_r(r.arrival_s))},'
                    f'"prompt_tokens":{int(r.prompt_tokens)},'
@@ -153,7 +153,7 @@ class RecordTable(Sequence):
             cols["e2e_s"].append(_r(e2e))
             cols["ttft_s"].append(_r(ttft))
             cols["tpot_s"].append(_r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None)
-            cols["queue_s"].append(_r(r.first_admit_s - r.entered_s)
+            cols["queue_s"].append(_r(r.queued_s)
                                    if r.first_admit_s is not None else None)
             cols["prompt_tokens"].append(r.prompt_tokens)
             cols["output_tokens"].append(n_out)

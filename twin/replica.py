@@ -23,6 +23,7 @@ import simpy
 
 from twin import config as C
 from twin.admission import CONTINUE, NO_TOKEN, Adder
+from twin.chunk_cache import cache_chunk
 from twin.config import Capacity, ServerArgs
 from twin.decider import Decider, PolicyDecider
 from twin.decode_cut import CutRuns
@@ -365,6 +366,7 @@ class Replica(Inbox, KVMemory, CutRuns):
                 req.cached_tokens += req.prefix_len
                 if req.first_admit_s is None:
                     req.first_admit_s = now
+                req.queued_s += now - req.queue_entry_s  # SGLang sums every round's wait
             if not self._take_kv(req.index, ext) and not self._make_room(req.index, ext):
                 batch.remove((req, ext))
                 self._abort_prefill(req)
@@ -382,7 +384,9 @@ class Replica(Inbox, KVMemory, CutRuns):
             self._join_running(restored, self.env.now)
             return
         decoders = self.running if self.args.enable_mixed_chunk else []
-        if decoders and not self._grow_decoders(decoders, 1):
+        # SGLang mixes the decodes in only if they fit (check_decode_mem); else they sit
+        # this step out: a mixed step never retracts
+        if decoders and (self.room() < len(decoders) or not self._grow_decoders(decoders, 1)):
             decoders = []
         chunks = [(ext, req.computed) for req, ext in batch]
         self.counters.prefill_tokens += sum(ext for _, ext in batch)
@@ -407,6 +411,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         for req, ext in batch:
             req.computed += ext
             if req is self.chunked:
+                cache_chunk(self, req, end)  # SGLang caches the finished chunks
                 continue
             self._prefill_done(req, end)
         self._join_running(restored, end)
@@ -571,13 +576,15 @@ class Replica(Inbox, KVMemory, CutRuns):
                 break
             victim = order.pop()
             self._release_to_queue(victim, preempted=False)
+            if self.tree is not None:  # release_req: evict at once what the rest need
+                self.tree.evict(len(order) * C.RETRACT_DECODE_STEPS)
         self.running = [r for r in self.running if r in order]
         self.shrunk = True
         if order:
             gen = sum(r.generated_tokens for r in order)
             max_new = sum(r.max_new_tokens for r in order)
             self.new_token_ratio = min(1.0, (gen + C.RETRACT_DECODE_STEPS * len(order))
-                                       / max_new)
+                                       / (max_new + 1))  # SGLang's +1
 
     def _abort_prefill(self, req: SimRequest) -> None:
         if req is self.chunked:

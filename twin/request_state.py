@@ -18,7 +18,7 @@ class SimRequest:
         "cached_tokens", "retractions", "preemptions", "status", "error",
         "first_admit_s", "first_token_s", "finish_s", "tok_events", "dec_start",
         "node", "computed", "private", "matched_node", "round_start_s", "swapped_tokens",
-        "left_batch_s", "lost_s", "moved_bytes", "entered_s", "view_cache",
+        "left_batch_s", "lost_s", "moved_bytes", "entered_s", "view_cache", "queued_s",
     )
 
     def __init__(self, req: Request, sent_s: float, index: int) -> None:
@@ -42,6 +42,7 @@ class SimRequest:
         self.status = ""
         self.error = ""
         self.first_admit_s: float | None = None
+        self.queued_s = 0.0  # waits in the queue, every round (SGLang's queue_time)
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         # token emission times: a float (a prefill step's end) or (a, b), the decode steps

@@ -300,6 +300,7 @@ class VllmReplica(Inbox):
         self.counters.prefix_hit_tokens += start
         if r.first_admit_s is None:
             r.first_admit_s = now
+            r.queued_s = now - r.entered_s  # vLLM's queue time: the first wait only
         if r.left_batch_s is not None:
             r.lost_s += now - r.left_batch_s
             r.left_batch_s = None
