@@ -231,6 +231,7 @@ class _Run:
         self.tokens = SegmentTokens(self.facts.vocab_size, self.cfg.seed)
         self.in_flight = 0
         self.flying: dict[asyncio.Task, StreamLog] = {}  # requests in flight, by task
+        self.expired: set[asyncio.Task] = set()  # cancelled by _expire (already failed)
         self.last_data = 0.0  # client clock: the last chunk from any stream
 
     def stop(self, reason: str) -> None:
@@ -339,6 +340,9 @@ class _Run:
         try:
             await self._attempt(log, body)
         except asyncio.CancelledError:
+            if task in self.expired:  # _expire failed it: no new token for too long
+                task.uncancel()
+                return
             if self.dead is None:  # Ctrl-C: the client gave up, not the server
                 log.fail("aborted", "the replay was interrupted while the request was in "
                          "flight")
@@ -347,6 +351,7 @@ class _Run:
             task.uncancel()
         finally:
             self.flying.pop(task, None)
+            self.expired.discard(task)
             self.in_flight -= 1
 
     async def _attempt(self, log: StreamLog, body: bytes) -> None:
@@ -373,22 +378,14 @@ class _Run:
         try:
             async with aclosing(stream_generate(self.session, self.cfg.url, data=body,
                                                 headers=headers)) as chunks:
-                progress_at = log.sent_at
                 async for now, chunk in chunks:
                     if not isinstance(chunk, dict):
                         raise ValueError(f"a chunk that is not a JSON object: {chunk!r:.60}")
                     if "error" in chunk:
                         log.fail(*_stream_error(chunk["error"]))
                         break
-                    have = len(log.token_times)
                     log.on_chunk(now, chunk.get("meta_info") or {})
                     self.last_data = now
-                    if len(log.token_times) > have:
-                        progress_at = now
-                    elif now - progress_at > self.cfg.request_timeout_s:
-                        log.fail("failed", f"no new token for {now - progress_at:.0f} s "
-                                 "(--request-timeout) while the server kept sending")
-                        break
         except HttpStatusError as exc:
             log.fail("rejected" if exc.status == 400 and "context length" in exc.text
                      else "failed", str(exc))
@@ -426,6 +423,7 @@ class _Run:
         stall = self.cfg.stall_after_s
         while True:
             await asyncio.sleep(min(1.0, stall / 4))
+            self._expire()
             quiet = time.perf_counter() - self.last_data
             if not self.in_flight or quiet < stall or self.stop_reason:
                 continue
@@ -437,6 +435,18 @@ class _Run:
                              f"(no data on any of the {self.in_flight} streams in flight for "
                              f"{quiet:.0f} s, and GET /health_generate: {why})")
             return
+
+    def _expire(self) -> None:
+        """Fail the requests without a new token for the request timeout even though bytes
+        keep coming (chunks without progress, a line dribbled out byte by byte), which the
+        socket's read timeout does not catch."""
+        now, limit = time.perf_counter(), self.cfg.request_timeout_s
+        for task, log in list(self.flying.items()):
+            since = log.token_times[-1] if log.token_times else log.sent_at
+            if now - since > limit and task not in self.expired:
+                log.fail("failed", f"no new token for {now - since:.0f} s (--request-timeout)")
+                self.expired.add(task)
+                task.cancel()
 
     async def _tick(self) -> None:
         while self.progress is not None:

@@ -162,6 +162,10 @@ class FakeSglang:
         if rid.startswith("toolong"):
             await send({"error": {"message": "The input is longer than the model's context "
                                   "length (1000 tokens).", "code": 400}})
+        elif rid.startswith("drip"):  # one line, a byte at a time, never finished
+            while True:
+                await asyncio.sleep(0.05)
+                await resp.write(b"d")
         elif rid.startswith("junk"):  # chunks forever, never a new token
             while True:
                 await asyncio.sleep(0.02)

@@ -85,14 +85,15 @@ def test_garbage_server_info_is_not_believed(tmp_path, capsys):
     assert code == 2 and "--vocab-size 3: must be an integer >= 5" in capsys.readouterr().err
 
 
-def test_a_stream_without_progress_and_a_silent_request_time_out():
-    rids = ["junk0", "hang1", "ok2"]
+def test_a_stream_without_progress_a_dribbled_line_and_a_silent_request_time_out():
+    rids = ["junk0", "hang1", "ok2", "drip3"]
     with FakeSglang() as fake:
         res = replay(_workload(rids), ReplayConfig(url=fake.url, request_timeout_s=1.0,
                                                    max_lateness_s=LOOSE))
     res.check()  # /health_generate answers: only the two requests fail
     recs = _once_each(res, rids)
     assert "no new token" in recs["junk0"]["error"]
+    assert "no new token" in recs["drip3"]["error"]  # bytes, but never a line
     assert "--request-timeout" in recs["hang1"]["error"]
     assert recs["ok2"]["status"] == "ok"
 
