@@ -129,10 +129,19 @@ async def _group(url: str, requests, timeout_s: float, tag: str) -> list[Trace]:
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
         t0 = time.perf_counter() + 0.05
         traces = [Trace(rid, 0.0, len(ids), tag=tag) for rid, ids, _, _ in requests]
-        jobs = [_one(session, url, tr, ids, n, t0 + off)
+        jobs = [_bounded(_one(session, url, tr, ids, n, t0 + off), tr, timeout_s + off)
                 for tr, (_, ids, n, off) in zip(traces, requests, strict=True)]
         await asyncio.gather(*jobs)
     return traces
+
+
+async def _bounded(job, tr: Trace, timeout_s: float) -> None:
+    """One request, ended after `timeout_s` in all (the socket's read timeout alone lets a
+    server that dribbles bytes hold it forever)."""
+    try:
+        await asyncio.wait_for(job, timeout_s)
+    except TimeoutError:
+        tr.error = tr.error or f"not finished in {timeout_s:g} s"
 
 
 async def _one(session: aiohttp.ClientSession, url: str, tr: Trace, ids: list[int],
