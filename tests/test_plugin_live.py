@@ -53,7 +53,8 @@ class PluginServer:
         return self.server.log_path.read_text(errors="replace")
 
 
-def _start(tmp_path_factory, spec: str, flags: list[str], faults: bool = False):
+def _start(tmp_path_factory, spec: str, flags: list[str], faults: bool = False,
+           start_timeout: float = 180.0):
     if os.environ.get("SERVETWIN_NO_LIVE") == "1":
         pytest.skip("live SGLang tests switched off by SERVETWIN_NO_LIVE=1")
     from runtime.cpu.install import ensure_plugin, require_harness
@@ -64,7 +65,8 @@ def _start(tmp_path_factory, spec: str, flags: list[str], faults: bool = False):
     d = tmp_path_factory.mktemp(spec)
     log = d / "decisions.jsonl"
     env = plugin_env(spec, log, faults=faults)
-    return CpuServer(flags, env=env, log_path=d / "server.log"), log
+    return CpuServer(flags, env=env, log_path=d / "server.log",
+                     start_timeout=start_timeout), log
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +204,36 @@ def test_slices_preempts_for_kv_room_and_the_log_replays(kv_server):
     assert kv and any(d["plan"]["victims"] for d in kv)
     result = replay(lines, policy_from_header(lines[0]))
     assert result.share == 1.0, result.disagreements
+
+
+# --- TP 2: rank 0 decides, rank 1 applies its answers (runtime/plugin/ranks.py) -----------
+
+TP_FLAGS = [*PRIORITY_FLAGS, "--tp-size", "2", "--max-total-tokens", "4096"]
+
+
+@pytest.fixture(scope="module")
+def tp_server(tmp_path_factory):
+    # `slices` reads the clock, which differs between the ranks: unlinked, the two ranks
+    # could order (and preempt) differently and build different batches
+    server, log = _start(tmp_path_factory, "slices", TP_FLAGS, start_timeout=600.0)
+    with server:
+        yield PluginServer(server, log)
+
+
+def test_at_tp_2_every_rank_applies_rank_0_s_decisions(tp_server):
+    metas = send(tp_server.url, BURST, "tb") + send(tp_server.url, PREEMPT, "tp")
+    assert [m["finish_reason"]["type"] for m in metas] == ["length"] * len(metas)
+    assert [m["completion_tokens"] for m in metas] == [o for o, _ in BURST + PREEMPT]
+    assert sum(m["num_retractions"] for m in metas) >= 1  # slices preempted for the VIPs
+    leader = tp_server.counters()
+    follower = json.loads(Path(str(tp_server.log) + ".rank1.counters.json").read_text())
+    for c in (leader, follower):
+        assert c["raised"] == c["invalid"] == 0, c
+    # every decision rank 0 applied, rank 1 applied too (order and preempt questions)
+    assert leader["applied"] >= 3 and follower["followed"] == leader["applied"], \
+        (leader, follower)
+    log = tp_server.server_log()
+    assert "decides for every rank" in log and "applies rank 0's decisions" in log
+    lines = list(read_lines(tp_server.log))
+    result = replay(lines, policy_from_header(lines[0]))
+    assert result.decisions == leader["decisions"] and result.share == 1.0

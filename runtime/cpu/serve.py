@@ -82,6 +82,34 @@ def build_command(
     return cmd + list(user_args)
 
 
+#: SGLang's CPU engine binds each TP rank's threads to cores; without it it asks for a NUMA
+#: node per rank, which these one-node machines do not have
+BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def tp_size_of(args: Sequence[str]) -> int:
+    for i, arg in enumerate(args):
+        if arg in ("--tp-size", "--tp", "--tensor-parallel-size") and i + 1 < len(args):
+            return int(args[i + 1])
+        for flag in ("--tp-size=", "--tp=", "--tensor-parallel-size="):
+            if arg.startswith(flag):
+                return int(arg[len(flag):])
+    return 1
+
+
+def thread_binding(tp: int) -> str:
+    """`SGLANG_CPU_OMP_THREADS_BIND` for `tp` ranks: this process's cores split into `tp`
+    contiguous groups ('0|1' for two ranks on two cores), a core shared round-robin when
+    there are fewer cores than ranks."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else list(range(os.cpu_count() or 1))
+    if len(cores) < tp:
+        return "|".join(str(cores[i % len(cores)]) for i in range(tp))
+    per = len(cores) // tp
+    groups = [cores[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
 def port_of(cmd: Sequence[str]) -> int:
     """The `--port` of a launch command."""
     for i, arg in enumerate(cmd):
@@ -110,6 +138,9 @@ class CpuServer:
     ) -> None:
         self.harness: Harness = require_harness(prefix)
         self.env = dict(env or {})  # on top of the harness environment (e.g. the plugin's)
+        tp = tp_size_of(user_args)
+        if tp > 1 and BIND_ENV not in self.env:
+            self.env[BIND_ENV] = thread_binding(tp)
         self.command = build_command(
             self.harness.python, self.harness.model_dir, free_port(), user_args
         )

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from runtime.plugin import decisions
 from runtime.plugin.preempt import PreemptQuestions
+from runtime.plugin.ranks import RankLink
 from runtime.plugin.views import (
     LazyViews,
     WaitingViews,
@@ -57,7 +58,7 @@ TARGETS = (T_INIT, T_ORDER, T_ADDER)
 #: applied nonetheless), every decision by outcome, and the preemptions committed for KV
 #: room (the users' design; SGLang preempts only for request slots)
 COUNTERS: dict[str, int] = {"raised": 0, "invalid": 0, "slow": 0, "decisions": 0,
-                            "applied": 0, "native": 0, "kv_preemptions": 0}
+                            "applied": 0, "native": 0, "kv_preemptions": 0, "followed": 0}
 _RUNTIME: PluginRuntime | None = None
 _SPEC = None  # the PolicySpec `install` was given
 
@@ -101,11 +102,34 @@ def hooks_missing() -> list[str]:
 def _scheduler_init_hook(original, scheduler, *args, **kwargs):
     original(scheduler, *args, **kwargs)
     global _RUNTIME
+    rt = None
     try:
-        _RUNTIME = PluginRuntime.start(_SPEC, scheduler)
+        rt = PluginRuntime.start(_SPEC, scheduler)
     except Exception:
-        _RUNTIME = None
         log.exception("servetwin plugin could not start; SGLang's own scheduling runs")
+    _RUNTIME = _on_every_rank(rt, scheduler)
+
+
+def _on_every_rank(rt: PluginRuntime | None, scheduler) -> PluginRuntime | None:
+    """With TP > 1 the plugin runs on every rank or on none (ranks.py): rank 0 decides,
+    the others follow, so all must be in place. The same code on every rank: a failure
+    to build the link happens on all of them."""
+    try:
+        link = RankLink.of(scheduler)
+    except Exception:
+        log.exception("servetwin plugin: no link between the TP ranks; SGLang's own "
+                      "scheduling runs")
+        return None
+    if link is None:
+        return rt
+    if not link.agree(rt is not None and not hooks_missing()):
+        log.error("servetwin plugin: not in place on every TP rank; SGLang's own "
+                  "scheduling runs on all of them")
+        return None
+    rt.link = link
+    log.info("servetwin plugin: TP rank %d of a linked group: %s", link.tp_rank,
+             "decides for every rank" if link.leader else "applies rank 0's decisions")
+    return rt
 
 
 def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
@@ -217,9 +241,10 @@ class PluginRuntime(PreemptQuestions):
         self.tracks_changes = _changes_are_tracked(scheduler)
         self.pass_entries: tuple | None = None  # this pass's (entries, order): sort key path
         self.pass_held: set | None = None  # ids of the requests `Plan.admit` holds back
+        #: TP > 1: rank 0 decides and the other ranks apply its answers (ranks.py)
+        self.link: RankLink | None = None
         if self._log is not None:
-            server = {"schedule_policy": server_policy,
-                      "tp_rank": getattr(scheduler, "tp_rank", 0)}
+            server = {"schedule_policy": server_policy, "tp_rank": _tp_rank()}
             self._write(decisions.header_line(spec.to_json(), policy_args, server, native,
                                               budget_ms))
             self._write_counters()
@@ -237,8 +262,11 @@ class PluginRuntime(PreemptQuestions):
                   and bool(getattr(policy, "priority_scheduling", False))
                   == args["priority_scheduling"])
         budget = float(os.environ.get(BUDGET_ENV) or DEFAULT_BUDGET_MS)
-        rt = cls(spec, policy, args, server_policy, native, budget,
-                 os.environ.get(LOG_ENV) or None, scheduler)
+        log_path = os.environ.get(LOG_ENV) or None
+        rank = _tp_rank()
+        if log_path and rank:  # TP > 1: rank 0's log has the decisions, the others' own
+            log_path = f"{log_path}.rank{rank}"
+        rt = cls(spec, policy, args, server_policy, native, budget, log_path, scheduler)
         rt.announce(server_policy, args)
         return rt
 
@@ -290,6 +318,12 @@ class PluginRuntime(PreemptQuestions):
         active = policy_obj._determine_active_policy(queue)
         return None if isinstance(active, cache_aware) else fcfs
 
+    def followed(self) -> None:
+        """A follower rank applied rank 0's answer (TP > 1)."""
+        self.counters["followed"] += 1
+        if self._log is not None:
+            self._write_counters()
+
     def withholds(self, req) -> bool:
         """Whether this pass's order answer holds `req` back (`Plan.admit`)."""
         held = self.pass_held
@@ -321,6 +355,29 @@ class PluginRuntime(PreemptQuestions):
         if len(queue) < 2:  # no choice to make; the twin does not ask either
             return False
         t0 = time.perf_counter()
+        if self.link is None:
+            got = self._decide_order(queue, running_batch, matched, t0)
+        else:  # TP > 1: rank 0 decides for every rank (runtime/plugin/ranks.py)
+            got = self._decide_order(queue, running_batch, matched, t0) \
+                if self.link.leader else None
+            plan = self.link.share_order(got[0] if got else None, len(queue))
+            if plan is None or not _is_permutation(plan, len(queue)):
+                return False  # rank 0 fell back (or the queues differ): SGLang's own
+            if got is None:  # a follower applies rank 0's answer
+                self._apply_order(queue, plan)
+                self.followed()
+                return True
+        if got is None:
+            return False
+        plan, snap, entries = got
+        self._apply_order(queue, plan)
+        self.pass_entries = (entries, plan.order)  # permuted if a preempt question asks
+        self.decided(snap, plan, "applied", self._timed(t0, "order"))
+        return True
+
+    def _decide_order(self, queue: list, running_batch, matched: bool, t0: float):
+        """The policy's checked order answer `(plan, snapshot, entries)`; None when it
+        failed (counted and logged: SGLang's own sort for this pass)."""
         snap = plan = None
         try:
             checked = matched or not self.tracks_changes or self._storage_on()
@@ -340,16 +397,16 @@ class PluginRuntime(PreemptQuestions):
                     else validate_plan(snap, plan)
         except Exception as exc:
             self.failed("raised", "order", exc, snap, None, t0)
-            return False
+            return None
         if why:
             self.failed("invalid", "order", why, snap, plan, t0)
-            return False
+            return None
+        return plan, snap, entries
+
+    def _apply_order(self, queue: list, plan: Plan) -> None:
         queue[:] = map(queue.__getitem__, plan.order)
         if plan.admit is not None:  # the admission loop stops at the first one held back
             self.pass_held = set(map(id, queue[plan.admit:]))
-        self.pass_entries = (entries, plan.order)  # permuted if a preempt question asks
-        self.decided(snap, plan, "applied", self._timed(t0, "order"))
-        return True
 
     def order_snapshot(self, waiting: tuple, running_batch) -> Snapshot:
         ratio = self._ratio()
@@ -468,6 +525,16 @@ def _is_permutation(plan, n: int) -> bool:
 
 
 _INT = {int}
+
+
+def _tp_rank() -> int:
+    """This scheduler's TP rank (0 outside a server)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().tp_rank)
+    except Exception:
+        return 0
 
 
 def _changes_are_tracked(scheduler) -> bool:

@@ -15,7 +15,7 @@ from twin.policy.check import validate_plan
 
 
 class PreemptQuestions:
-    """Mixin of `PluginRuntime`: it provides `policy`, `native`, `counters`, the pass's
+    """Mixin of `PluginRuntime`: it provides `policy`, `native`, `link`, `counters`, the pass's
     views (`pass_queue`, `pass_entries`, `pass_views`, `pass_running`) and the shared
     `_snapshot`, `_timed`, `decided`, `failed`, `_write_counters`."""
 
@@ -50,6 +50,29 @@ class PreemptQuestions:
         """Ask the policy which of `valid` to preempt for `req` and commit them: True when
         victims were released, False when it named none (or SGLang's release failed half
         way), None when the policy failed (raised or answered out of contract)."""
+        link = self.link
+        if link is None or link.leader:
+            plan = self._decide_victims(adder, req, valid, where, cause)
+        else:
+            plan = None
+        if link is not None:  # TP > 1: rank 0's answer on every rank (ranks.py)
+            shared = link.share_victims(plan, len(valid))
+            if shared is not None and not link.leader:
+                self.followed()
+            plan = shared
+        if plan is None:
+            return None
+        if not plan.victims:
+            return False
+        try:
+            commit_preemption(adder, [valid[i] for i in plan.victims])
+        except Exception as exc:  # SGLang's own release steps failed half-way
+            self.failed("raised", f"{where} commit", exc)
+            return False
+        return True
+
+    def _decide_victims(self, adder, req, valid: list, where: str, cause: str | None):
+        """The policy's checked preempt answer; None when it failed (counted, logged)."""
         t0 = time.perf_counter()
         snap = plan = None
         try:
@@ -63,14 +86,7 @@ class PreemptQuestions:
             self.failed("invalid", where, why, snap, plan, t0, cause=cause)
             return None
         self.decided(snap, plan, "applied", self._timed(t0, "preempt"), cause=cause)
-        if not plan.victims:
-            return False
-        try:
-            commit_preemption(adder, [valid[i] for i in plan.victims])
-        except Exception as exc:  # SGLang's own release steps failed half-way
-            self.failed("raised", f"{where} commit", exc)
-            return False
-        return True
+        return plan
 
     def preempt_snapshot(self, adder, req, valid: list) -> Snapshot:
         ratio = adder.new_token_ratio
