@@ -56,8 +56,13 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
               + (f", closed loop x{workload.concurrency}" if workload.concurrency else "")
               + ")")
         print(describe(spec))
+    def started() -> None:
+        if not ns.json:
+            print(f"simulating {len(workload.requests)} requests on {len(spec.replicas)} "
+                  "replicas ...", file=sys.stderr, flush=True)
+
     res = simulate_fleet(spec, workload, slo, horizon_s=ns.horizon,
-                         debug_checks=ns.debug_checks)
+                         debug_checks=ns.debug_checks, on_start=started)
     if ns.out:
         res.write(ns.out)
     if ns.json:

@@ -107,8 +107,8 @@ def test_fleet_simulate_ctrl_c_writes_every_request(tmp_path):
     proc = servetwin("simulate", "--deployment", "finance-sglang-pool", "--workload",
                      f"arrival=poisson,rate=60,n={n},prompt=uniform:100:2000,"
                      "output=uniform:50:500", "--out", str(out))
-    wait_for_line(proc, "  pool ", stream="stdout")  # the last header line: built
-    _busy_for(proc, 1.0)  # no progress line in the fleet: 1 CPU-second into the run
+    wait_for_line(proc, "simulating ")  # the fleet is built, the simulation starts
+    _busy_for(proc, 0.5)  # the fleet has no progress line: half a CPU-second into the run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -474,12 +474,15 @@ class FleetResult:
 
 def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = None,
                    horizon_s: float | None = None, kinds: Kinds | None = None,
-                   debug_checks: bool = False) -> FleetResult:
-    """Run `workload` through the deployment `spec` (a FleetSpec, a preset name or a file)."""
+                   debug_checks: bool = False, on_start=None) -> FleetResult:
+    """Run `workload` through the deployment `spec` (a FleetSpec, a preset name or a file);
+    `on_start()` is called once the fleet is built, as the simulation starts."""
     if isinstance(spec, str):
         spec = load_spec(spec)
     env = simpy.Environment()
     dep = build_fleet(env, spec, workload, horizon_s, kinds, debug_checks)
+    if on_start is not None:
+        on_start()
     result = run_deployment(dep, slo)
     result.summary["deployment"] = spec.name
     return result
