@@ -83,6 +83,12 @@ def _grid(lo: int, hi: int, ratio: float, dense_to: int = 0) -> np.ndarray:
 _TOKEN_GROUPS = ("gemm", "norms", "allreduce")
 
 
+def _dense(dense: np.ndarray, grid: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    out = np.interp(dense, grid, vals)
+    out[0] = 0.0  # no tokens, no work
+    return out
+
+
 def _quant(c: Capacity, quantization: str | None) -> dict:
     from twin.perf import aic
 
@@ -206,8 +212,11 @@ class OpdbStepTime:
     def _set_tables(self, t: dict[str, np.ndarray]) -> None:
         from twin.perf.aic import Extents
 
-        self.tok = {ph: {g: t[f"{ph}_{g}"] for g in _TOKEN_GROUPS} for ph in ("ctx", "gen")}
-        self.head = t["head"]
+        # the token tables are stored on their grid and made dense here (a tenth the bytes)
+        grid, dense = t["tok_grid"], np.arange(self.max_tokens + 1)
+        self.tok = {ph: {g: _dense(dense, grid, t[f"{ph}_{g}"]) for g in _TOKEN_GROUPS}
+                    for ph in ("ctx", "gen")}
+        self.head = _dense(dense, grid, t["head"])
         self.tok_ctx = sum(self.tok["ctx"].values())
         self.tok_gen = sum(self.tok["gen"].values())
         self.cn, self.cp, self.ctx_table = t["cn"], t["cp"], t["ctx_table"]
@@ -218,28 +227,22 @@ class OpdbStepTime:
 
     def _token_tables(self) -> dict[str, np.ndarray]:
         grid = _grid(1, self.max_tokens, 2 ** (1 / 8), dense_to=256)
-        dense = np.arange(self.max_tokens + 1)
-        out = {}
+        out = {"tok_grid": grid}
         for group in _TOKEN_GROUPS:
             ctx = np.array([self.ops.ctx(group, int(t)) for t in grid])
             gen = np.array([self.ops.gen(group, int(t), 1) for t in grid])
             if group == "allreduce":
                 ctx, gen = self._reprice_allreduce(grid, ctx), self._reprice_allreduce(grid, gen)
             for phase, vals in (("ctx", ctx), ("gen", gen)):
-                out[f"{phase}_{group}"] = self._dense(grid, vals, dense, group != "allreduce")
+                out[f"{phase}_{group}"] = self._smooth(vals, group != "allreduce")
         head = np.array([self.ops.gen("lm_head", int(t), 1) for t in grid])
-        out["head"] = self._dense(grid, head, dense, True)
+        out["head"] = self._smooth(head, True)
         return out
 
-    def _dense(self, grid: np.ndarray, vals: np.ndarray, dense: np.ndarray,
-               kernel: bool) -> np.ndarray:
+    def _smooth(self, vals: np.ndarray, kernel: bool) -> np.ndarray:
         if kernel:
             vals = vals * self._scale
-        if self.params.smooth:
-            vals = _isotonic(vals)
-        out = np.interp(dense, grid, vals)
-        out[0] = 0.0  # no tokens, no work
-        return out
+        return _isotonic(vals) if self.params.smooth else vals
 
     def _reprice_allreduce(self, grid: np.ndarray, vals: np.ndarray) -> np.ndarray:
         """A100 PCIe: the measured NVLink all-reduce plus the extra ring time over PCIe."""
