@@ -67,3 +67,36 @@ class OverlapStepTime:
     def describe(self) -> str:
         return (self.inner.describe() + "; overlap scheduler: step = max(GPU, CPU "
                 "scheduling and launch overhead)")
+
+
+class FreedLater:
+    """Under the overlap loop a request that finished in the step just ended still holds
+    its request slot and its KV while the next step is scheduled: SGLang schedules step
+    k+1 before it processes step k's results (`_reqs_finishing_inflight` keeps such
+    requests out of the next decode, and their slots and KV are released only when the
+    result is processed, after step k+1 is launched). So what they free becomes usable one
+    pass later. `add` at a finish; `turn` at the top of every pass."""
+
+    __slots__ = ("slots", "tokens", "_next_slots", "_next_tokens")
+
+    def __init__(self) -> None:
+        self.slots = self.tokens = self._next_slots = self._next_tokens = 0
+
+    def add(self, slots: int, tokens: int) -> None:
+        self._next_slots += slots
+        self._next_tokens += max(tokens, 0)
+
+    def release(self) -> bool:
+        """Nothing is in flight (the server would idle): SGLang processes the last result
+        at once, so what was held is free now. True if anything was held."""
+        held = bool(self.slots or self.tokens)
+        self.slots = self.tokens = 0
+        return held
+
+    def turn(self) -> bool:
+        """A new pass: what finished in the step just ended is held now, what was held is
+        free. True when something was freed (a smaller batch clears batch_is_full)."""
+        freed = bool(self.slots or self.tokens)
+        self.slots, self.tokens = self._next_slots, self._next_tokens
+        self._next_slots = self._next_tokens = 0
+        return freed

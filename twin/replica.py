@@ -29,6 +29,7 @@ from twin.decider import Decider, PolicyDecider
 from twin.decode_cut import CutRuns
 from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
+from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
 from twin.prefix import RadixCache
@@ -76,7 +77,8 @@ class Replica(Inbox, KVMemory, CutRuns):
                  allocator: KVAllocator | None = None, *, horizon_s: float | None = None,
                  sample_every_s: float = 1.0, debug_checks: bool = False,
                  swap: SwapConfig | None = None, defrag: DefragConfig | None = None,
-                 decider: Decider | None = None, ignore_eos: bool = True) -> None:
+                 decider: Decider | None = None, ignore_eos: bool = True,
+                 overlap: bool = False) -> None:
         self.env, self.args, self.cap, self.st = env, args, cap, step_time
         self.policy, self.feed = policy, feed
         self.name = "replica"
@@ -127,6 +129,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._unplaced: list[SimRequest] = []  # requests this pass admitted but not placed
         self._placed_any = True  # whether the last prefill pass placed anything
         self.cur_batch: list[SimRequest] = []  # the prefill batch being run
+        # SGLang's overlap loop: finished requests free their slot and KV a pass later
+        self.freed_later = FreedLater() if overlap else None
         self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
         self._counts_only = type(self.alloc) is TokenPool  # decode_steps is room // batch
         self._dt_cache: tuple = (None, 0, 0, np.empty(0))  # `_decode_times`
@@ -148,9 +152,11 @@ class Replica(Inbox, KVMemory, CutRuns):
     def room(self) -> int:
         """KV tokens a scheduling pass may count on: free, evictable cached tokens, and the
         block space only the cache pins (block allocators)."""
+        held = self.freed_later.tokens if self.freed_later is not None else 0
         if self.tree is None:
-            return self.alloc.available()
-        return self.alloc.available() + self.tree.evictable_tokens + self.alloc.cache_slack()
+            return self.alloc.available() - held
+        return (self.alloc.available() + self.tree.evictable_tokens + self.alloc.cache_slack()
+                - held)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> Iterator[simpy.Event]:
@@ -166,6 +172,8 @@ class Replica(Inbox, KVMemory, CutRuns):
             if self.debug:
                 self.check_integrity()
             self._pull_arrivals(now)
+            if self.freed_later is not None and self.freed_later.turn():
+                self.batch_full = False  # the held slots are free from this pass on
             if now >= self._next_sample:
                 self._sample(now)
             if self.horizon is not None and now >= self.horizon:
@@ -187,6 +195,9 @@ class Replica(Inbox, KVMemory, CutRuns):
                     yield from self._run_decode()  # none could be placed: decode frees KV
             elif self.running:
                 yield from self._run_decode()
+            elif self.freed_later is not None and self.freed_later.release():
+                self.batch_full = False  # nothing in flight: the last result is
+                continue  # processed at once, its slots are free
             else:
                 self.batch_full = False
                 self.new_token_ratio = self.init_ratio  # SGLang re-inits when idle
@@ -242,7 +253,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         elif not self.waiting or self.batch_full:
             return None
         running_bs = len(self.running)
-        if running_bs >= self.cap.max_running_requests and self.chunked is None \
+        held = self.freed_later.slots if self.freed_later is not None else 0  # in flight
+        if running_bs + held >= self.cap.max_running_requests and self.chunked is None \
                 and not self.preempt:
             self.batch_full = True
             return None
@@ -254,7 +266,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         for i, req in enumerate(list(self.waiting)):
             if admit is not None and i >= admit:
                 break  # the policy withholds the rest of the queue this pass
-            if len(adder.can_run) + len(self.running) >= self.cap.max_running_requests:
+            if len(adder.can_run) + len(self.running) + held >= self.cap.max_running_requests:
                 self.batch_full = True
             if self.batch_full:
                 if not self.preempt:
@@ -449,7 +461,10 @@ class Replica(Inbox, KVMemory, CutRuns):
                 self.tree.unlock(old)
         if req.remaining <= 0:
             self.shrunk = True  # SGLang's filter of the last prefill batch clears batch_is_full
+            before = self.room()
             self._finish(req, end)
+            if self.freed_later is not None:
+                self.freed_later.add(1, self.room() - before)
         else:
             self._join_running([req], end)
 
@@ -536,6 +551,9 @@ class Replica(Inbox, KVMemory, CutRuns):
                               * self.slice_s)
         if self.horizon is not None:
             candidates.append(self.horizon)
+        fl = self.freed_later
+        if fl is not None and (fl.slots or fl.tokens) and (self.waiting or self.chunked):
+            candidates.append(self.env.now)  # one step: what it holds is free after it
         if arrivals and (not self.batch_full or self.preempt):
             nxt = self.feed.next_arrival()
             if nxt is not None:
@@ -553,8 +571,11 @@ class Replica(Inbox, KVMemory, CutRuns):
             return
         self.running = [r for r in self.running if r.generated_tokens < r.max_new_tokens]
         self.shrunk = True
+        before = self.room()
         for r in done:
             self._finish(r, now)
+        if self.freed_later is not None:
+            self.freed_later.add(len(done), self.room() - before)
         self._maybe_defrag(len(done))
 
     def _retract(self) -> None:
@@ -693,6 +714,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._stall = 0.0
         self._wake = self.env.event()
         self._placed_any, self._unplaced = True, []
+        if self.freed_later is not None:
+            self.freed_later = FreedLater()
 
     # ---- observation ------------------------------------------------------------------
     def _sample(self, now: float) -> None:

@@ -160,7 +160,8 @@ def make_replica(env: simpy.Environment, cfg: SimConfig,
     cap = derive_capacity(cfg.args, cfg.gpu)
     st = step_time or step_time_for(cfg, cap)
     backend = getattr(st, "name", cfg.step_time_backend or "custom")
-    if overlaps(cfg.args, st):  # SGLang's default overlap loop (twin/overlap.py)
+    overlap = overlaps(cfg.args, st)  # SGLang's default overlap loop (twin/overlap.py)
+    if overlap:
         st = OverlapStepTime(st)
     policy = decider.policy if decider is not None else build_policy(cfg)
     name = cfg.kv_allocator
@@ -178,7 +179,7 @@ def make_replica(env: simpy.Environment, cfg: SimConfig,
                   debug_checks=cfg.debug_checks,
                   swap=SwapConfig(cfg.swap_min_tokens, cfg.host_kv_bytes),
                   defrag=DefragConfig(cfg.defrag_every, cfg.defrag_threshold),
-                  decider=decider, ignore_eos=cfg.ignore_eos)
+                  decider=decider, ignore_eos=cfg.ignore_eos, overlap=overlap)
     return rep, backend
 
 
