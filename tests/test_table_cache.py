@@ -97,3 +97,25 @@ def test_default_step_time_picks_what_default_backend_names(cache):
                                   kv_cache_dtype="fp8_e4m3"), "a100-sxm-80gb")):
         c = derive_capacity(args, gpu)
         assert default_step_time(c, args).name == default_backend(c)
+
+
+def test_concurrent_writers_leave_one_whole_entry(cache):
+    import threading
+
+    key = {"what": "concurrent"}
+    arrays = {"a": np.arange(100_000, dtype=float), "b": np.array(["x", "yz"])}
+    seen = []
+
+    def write_then_read():
+        table_cache.store("opdb", key, arrays)
+        seen.append(table_cache.load("opdb", key))
+
+    threads = [threading.Thread(target=write_then_read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p.suffix for p in cache.iterdir()] == [".npz"]  # no temporary file left
+    for got in seen:
+        assert got is not None and np.array_equal(got["a"], arrays["a"])
+        assert got["b"].tolist() == ["x", "yz"]
