@@ -109,10 +109,16 @@ def test_simulate_defaults_on_a_gpu_overlap_and_the_request_path():
 
     args = ServerArgs(model_path="meta-llama/Llama-3.1-8B")
     cfg = SimConfig(args=args, gpu="h100-sxm-80gb", step_time_backend="roofline")
-    assert cfg.path == SGLANG_0_5_23
-    assert SimConfig(args=args, calibration="p.json").path == OFF  # validate adds its own
     rep, _ = make_replica(simpy.Environment(), cfg)
     assert isinstance(rep.st, OverlapStepTime)
+    assert cfg.path_for(rep.st) == SGLANG_0_5_23
+    # a fitted step time (a calibration profile, or validate's own): no default path,
+    # validate adds the profile's measured one
+
+    class Fitted(Stub):
+        name = "fitted"
+    assert SimConfig(args=args, calibration="p.json").path_for(rep.st) == OFF
+    assert cfg.path_for(Fitted()) == OFF
     plain = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B",
                                       disable_overlap_schedule=True),
                       gpu="h100-sxm-80gb", step_time_backend="roofline")

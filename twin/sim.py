@@ -62,14 +62,14 @@ class SimConfig:
     policy: str | None = None  # --policy: a name or a spec file; None: from server args
     # SGLang's request path (twin/request_path.py): the tokenizer manager's queue on the
     # way in, egress to closed-loop clients; None: the costs measured on the CPU harness,
-    # or none with a calibration profile (validate adds the profile's own path)
+    # or none with a fitted step time (a calibration profile: validate adds its own path)
     request_path: RequestPath | None = None
 
-    @property
-    def path(self) -> RequestPath:
+    def path_for(self, step_time: StepTimeModel) -> RequestPath:
         if self.request_path is not None:
             return self.request_path
-        return REQUEST_PATH_OFF if self.calibration else SGLANG_0_5_23
+        fitted = self.calibration or getattr(step_time, "name", "") == "fitted"
+        return REQUEST_PATH_OFF if fitted else SGLANG_0_5_23
 
     def __post_init__(self) -> None:
         _check_numbers(self)
@@ -189,7 +189,7 @@ def build_replica(env: simpy.Environment, workload: Workload, cfg: SimConfig,
     """A deployment of one server fed by `workload`; its feeder process is started,
     the caller starts `rep.run()`."""
     rep, backend = make_replica(env, cfg, step_time, decider)
-    dep = Deployment(env, Source(workload, cfg.path), horizon_s=cfg.horizon_s)
+    dep = Deployment(env, Source(workload, cfg.path_for(rep.st)), horizon_s=cfg.horizon_s)
     dep.add(rep)
     dep.start()
     return rep, backend
