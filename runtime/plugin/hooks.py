@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 
 from runtime.plugin import decisions
@@ -404,7 +405,7 @@ class PluginRuntime(PreemptQuestions):
         return plan, snap, entries
 
     def _apply_order(self, queue: list, plan: Plan) -> None:
-        queue[:] = map(queue.__getitem__, plan.order)
+        queue[:] = itemgetter(*plan.order)(queue)  # a tuple: the queue has 2 or more
         if plan.admit is not None:  # the admission loop stops at the first one held back
             self.pass_held = set(map(id, queue[plan.admit:]))
 
