@@ -76,16 +76,21 @@ def _token_times(events: list, ends: np.ndarray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _pcts(values: Iterable[float | None] | np.ndarray) -> dict[str, float | None]:
-    """P50/P90/P99 and mean of the values that are not None (None when there are none)."""
+def _pcts(values: Iterable[float | None] | np.ndarray,
+          scratch: bool = False) -> dict[str, float | None]:
+    """P50/P90/P99 and mean of the values that are not None (None when there are none).
+    `scratch`: the array is the caller's to lose (percentiles partition it in place
+    instead of copying it; the mean is taken first, over the order given)."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(
         [v for v in values if v is not None], dtype=float)
     if not arr.size:
         return {**{f"p{p}": None for p in PERCENTILES}, "mean": None}
-    out: dict[str, float | None] = {f"p{p}": round(float(v), 6) for p, v in
-                                    zip(PERCENTILES, np.percentile(arr, PERCENTILES),
-                                        strict=True)}
-    out["mean"] = round(float(arr.mean()), 6)
+    mean = round(float(arr.mean()), 6)
+    out: dict[str, float | None] = {
+        f"p{p}": round(float(v), 6) for p, v in
+        zip(PERCENTILES, np.percentile(arr, PERCENTILES, overwrite_input=scratch),
+            strict=True)}
+    out["mean"] = mean
     return out
 
 
@@ -135,7 +140,8 @@ _SUMMARY_COLUMNS = ("status", "arrival_s", "e2e_s", "ttft_s", "tpot_s", "queue_s
 def summary_from_columns(cols: dict[str, list], itl: np.ndarray, slo: SLO | None = None,
                          duration_s: float | None = None) -> dict:
     """`summarize` over records given as columns (lists in record order, fields of
-    `_SUMMARY_COLUMNS`) and the token gaps of the `ok` ones, concatenated in order."""
+    `_SUMMARY_COLUMNS`) and the token gaps of the `ok` ones, concatenated in order
+    (`itl` is consumed: its percentiles partition it in place)."""
     status_col = cols["status"]
     n = len(status_col)
     ok = [i for i, s in enumerate(status_col) if s == "ok"]
@@ -163,7 +169,7 @@ def summary_from_columns(cols: dict[str, list], itl: np.ndarray, slo: SLO | None
         },
         "ttft_s": _pcts(ok_of("ttft_s")),
         "tpot_s": _pcts(ok_of("tpot_s")),
-        "itl_s": _pcts(itl),
+        "itl_s": _pcts(itl, scratch=True),  # built for this summary, a day's worth
         "e2e_s": _pcts(ok_of("e2e_s")),
         "queue_s": _pcts(ok_of("queue_s")),
         "cached_token_share": round(sum(ok_of("cached_tokens")) / prompt, 6)

@@ -64,7 +64,7 @@ class RecordTable(Sequence):
         if self._gaps is not None:
             return self._gaps
         ends = self._ends
-        ends_l = ends.tolist()
+        at = ends.item  # a request's own boundaries only: no list of every step end
         braw: list[float] = []
         plans = []
         for r in self._reqs:
@@ -78,10 +78,10 @@ class RecordTable(Sequence):
                         continue
                     if prev is not None:
                         pieces.append(("x", len(braw)))
-                        braw.append(ends_l[a] - prev)
+                        braw.append(at(a) - prev)
                     if b - a > 1:
                         pieces.append(("s", a, b - 1))
-                    prev = ends_l[b - 1]
+                    prev = at(b - 1)
                     n_out += b - a
                 else:
                     if prev is not None:
@@ -170,13 +170,20 @@ class RecordTable(Sequence):
                     else:
                         starts.append(n_step + p[1])
                         lens.append(1)
-        itl = joined[_ranges(starts, lens)] if starts else np.empty(0)
-        return summary_from_columns(cols, itl, slo, duration_s)
+        return summary_from_columns(cols, _gather(joined, starts, lens), slo, duration_s)
 
 
-def _ranges(starts: list[int], lens: list[int]) -> np.ndarray:
-    """The concatenation of range(s, s + n) for each (s, n), as one index array."""
-    s = np.asarray(starts, dtype=np.int64)
-    n = np.asarray(lens, dtype=np.int64)
-    offsets = np.cumsum(n) - n
-    return np.repeat(s - offsets, n) + np.arange(int(n.sum()), dtype=np.int64)
+def _gather(values: np.ndarray, starts: list[int], lens: list[int],
+            chunk: int = 1 << 16) -> np.ndarray:
+    """The concatenation of values[s:s + n] for each (s, n), filled chunk by chunk into
+    one array (index arrays only for one chunk of pieces at a time: a day has ~1e8 gaps)."""
+    out = np.empty(sum(lens), dtype=values.dtype)
+    pos = 0
+    for i in range(0, len(starts), chunk):
+        s = np.asarray(starts[i:i + chunk], dtype=np.int64)
+        n = np.asarray(lens[i:i + chunk], dtype=np.int64)
+        m = int(n.sum())
+        offsets = np.cumsum(n) - n
+        out[pos:pos + m] = values[np.repeat(s - offsets, n) + np.arange(m, dtype=np.int64)]
+        pos += m
+    return out
