@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "timeseries.csv here")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.add_argument("--debug-checks", action="store_true",
-                   help="check memory and radix-cache invariants at every sample")
+                   help="check memory and radix-cache invariants at every scheduling pass "
+                   "(Replica.check_integrity; slow)")
     from servetwin.cmd_fleet import add_args as add_fleet_args
 
     add_fleet_args(p)
