@@ -5,7 +5,8 @@ Pure Python (the standard library and numpy): no simpy, no sglang, no clock. The
 `SchedulePolicy.calc_priority`) or a preempt question (`PrefillAdder.preempt_to_schedule`).
 `registry` holds the one list of names and builds policies from specs; `check` holds the
 contract check. Policies: SGLang 0.5.23's own (`sglang`: fcfs, lof, lpm, hrrn, dfs-weight,
-shortest-prefill-first, random, priority), the users' `slices`, and `learned`.
+shortest-prefill-first, random, priority), the users' `slices`, the menu rules
+(`menu`), the deadline-aware admission policy (`deadline`), and `learned`.
 """
 
 from twin.policy.base import (
