@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--live-load", type=float, default=1.5)
     ap.add_argument("--budget-s", type=float, default=60, help="calibration budget (live)")
     ap.add_argument("--plugin-tree", type=Path, default=None,
-                    help="a source tree whose plugin applies Plan.admit (PYTHONPATH of the "
+                    help="another source tree's plugin for the live servers (PYTHONPATH of the "
                          "live servers)")
     ap.add_argument("--live-policies", nargs="+", default=None,
                     help="run only these live (labels; the others are kept from --live-out)")

@@ -11,9 +11,9 @@ times with the same spec. The deadline policy's prefill model is fitted to the c
 step times (`fit_prefill`), and the learned policy's weight file is re-stamped with the
 CPU scale's targets and prefill model (`restamp`): its network is unchanged.
 
-Withholding (`Plan.admit`) needs the plugin to stop SGLang's admission loop at the first
-withheld request; `plugin_tree` points the servers at a source tree whose plugin does
-(PYTHONPATH), until the project's plugin does it.
+Withholding (`Plan.admit`) is applied by the plugin (it stops SGLang's admission loop at
+the first withheld request); `plugin_tree` points the servers at another source tree's
+plugin (PYTHONPATH), e.g. to try a plugin change.
 """
 
 from __future__ import annotations
