@@ -6,6 +6,8 @@ import importlib.util
 import json
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -157,6 +159,9 @@ def test_stop_escalates_until_the_whole_group_is_gone():
 
 def test_stop_sends_only_what_is_needed():
     leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    cmdline = Path(f"/proc/{leader.pid}/cmdline")
+    while leader.poll() is None and not cmdline.read_bytes().startswith(b"sleep"):  # exec
+        time.sleep(0.01)  # done, its session set up (a loaded machine can take a while)
     serve.stop_process_group(leader)
     assert leader.returncode == -signal.SIGINT
 

@@ -40,7 +40,9 @@ def test_slices_favours_vips_live_and_in_the_twin(tmp_path):
                      log=lambda m: None)
     fcfs, slices = effects
     for e in effects:
-        assert e.not_ok == 0 and e.fallbacks == {"raised": 0, "invalid": 0, "slow": 0}, e
+        # no fallback; decisions over the 5 ms budget are applied all the same, only
+        # counted ("slow"), and a loaded machine makes some
+        assert e.not_ok == 0 and e.fallbacks["raised"] == e.fallbacks["invalid"] == 0, e
         assert set(e.live) == {0, 20} and set(e.twin) == {0, 20}
     assert slices.advantage("live") < 0.6 * fcfs.advantage("live"), (fcfs, slices)
     assert slices.advantage("twin") < 0.6 * fcfs.advantage("twin"), (fcfs, slices)
