@@ -158,7 +158,9 @@ def test_stop_escalates_until_the_whole_group_is_gone():
 
 
 def test_stop_sends_only_what_is_needed():
-    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    # SIGINT at its default even when the test runs in a background job (which ignores it)
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cmdline = Path(f"/proc/{leader.pid}/cmdline")
     while leader.poll() is None and not cmdline.read_bytes().startswith(b"sleep"):  # exec
         time.sleep(0.01)  # done, its session set up (a loaded machine can take a while)
