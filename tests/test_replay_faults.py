@@ -174,7 +174,7 @@ def test_cli_records_every_request_when_the_server_dies(tmp_path, capsys):
 def test_ctrl_c_mid_replay_writes_every_request_and_exits_130(tmp_path):
     out = tmp_path / "interrupted"
     with FakeSglang(token_delay=0.05) as fake:
-        proc = _replay_process(fake.url, out, "arrival=poisson,rate=20,n=2000,"
+        proc = replay_process(fake.url, out, "arrival=poisson,rate=20,n=2000,"
                                "prompt=fixed:20,output=fixed:30")
         wait_for_line(proc, "sent ")
         proc.send_signal(signal.SIGINT)
@@ -209,7 +209,7 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120.0,
     raise AssertionError(f"no line with {text!r} in {timeout} s")
 
 
-def _replay_process(url: str, out: Path, spec: str) -> subprocess.Popen:
+def replay_process(url: str, out: Path, spec: str) -> subprocess.Popen:
     """`servetwin live replay` in a subprocess that reacts to SIGINT even when this one
     was started with SIGINT ignored (a background job)."""
     return subprocess.Popen(

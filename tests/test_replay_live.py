@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_replay_faults import wait_for_line
+from test_replay_faults import replay_process, wait_for_line
 
 from runtime.client import ReplayConfig, replay
 from runtime.server_api import probe, twin_server_args
@@ -164,7 +162,7 @@ def test_slow_client_fails_loudly_with_records(sglang_server, tmp_path, capsys):
 
 def test_ctrl_c_writes_what_was_collected(sglang_server, tmp_path):
     out = tmp_path / "interrupted"
-    proc = _replay_process(sglang_server.url, out, "arrival=poisson,rate=3,n=200,"
+    proc = replay_process(sglang_server.url, out, "arrival=poisson,rate=3,n=200,"
                            "prompt=fixed:30,output=fixed:16")
     wait_for_line(proc, "sent ")  # the first progress line: the replay is under way
     _wait_for_finished_requests(sglang_server.url, 1, since=_finished(sglang_server.url))
@@ -214,7 +212,7 @@ def test_server_stalled_then_killed_mid_run(tmp_path, monkeypatch):
         assert any(r["status"] == "ok" for r in sent)
         assert any(r["status"] == "failed" and "stopped answering" in r["error"] for r in sent)
 
-        proc = _replay_process(server.url, out, "arrival=poisson,rate=1,n=120,"
+        proc = replay_process(server.url, out, "arrival=poisson,rate=1,n=120,"
                                "prompt=fixed:40,output=fixed:8")
         wait_for_line(proc, "sent ")
         _wait_for_finished_requests(server.url, 2, since=_finished(server.url))
@@ -269,16 +267,6 @@ def _wait_for_finished_requests(url: str, n: int, timeout: float = 120.0,
             return
         time.sleep(0.5)
     raise AssertionError(f"the server did not finish {n} requests in {timeout} s")
-
-
-def _replay_process(url: str, out: Path, spec: str) -> subprocess.Popen:
-    """`servetwin live replay` in a subprocess that reacts to SIGINT even when this one
-    was started with SIGINT ignored (a background job)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "servetwin", "live", "replay", "--url", url, "--workload", spec,
-         "--out", str(out), "--max-lateness-ms", "60000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_replay_a_real_bench_serving_trace(sglang_server, tmp_path, capsys):

@@ -169,8 +169,8 @@ class WaitingViews:
             self._refresh(queue, got, None)
         return got
 
-    def of(self, queue, ratio: float = 0.0, checked: bool = True) -> tuple[RequestView, ...]:
-        """The views of `queue` (a waiting view reserves nothing: `ratio` is not read)."""
+    def of(self, queue, checked: bool = True) -> tuple[RequestView, ...]:
+        """The views of `queue` (a waiting view reserves nothing: no `new_token_ratio`)."""
         return tuple(map(_VIEW, self.entries(queue, checked)))
 
     def _refresh(self, queue, got: list, keys: list | None) -> None:
