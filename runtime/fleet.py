@@ -38,7 +38,7 @@ class FleetSpec:
     server_env: tuple[tuple[str, str], ...] = ()
     port: int | None = None  # the router's; None: a free one
     log_dir: Path | None = None
-    start_timeout_s: float = 240.0
+    start_timeout_s: float = 420.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 16:

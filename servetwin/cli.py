@@ -24,13 +24,19 @@ COMMAND_MODULES = (
     "servetwin.cmd_claims",
     "servetwin.cmd_calibrate",
     "servetwin.cmd_rl",
+    "servetwin.cmd_plan",
+    "servetwin.cmd_report",
+    "servetwin.cmd_alerts",
+    "servetwin.cmd_emulate",
 )
 # The module of each command: `servetwin COMMAND ...` imports only that one (start-up
 # time: the live, calibration and RL commands pull in much that `simulate` never uses).
 COMMANDS = {"simulate": "servetwin.cmd_simulate", "perf": "servetwin.cmd_perf",
             "live": "servetwin.cmd_live", "claims": "servetwin.cmd_claims",
             "calibrate": "servetwin.cmd_calibrate", "validate": "servetwin.cmd_calibrate",
-            "rl": "servetwin.cmd_rl"}
+            "rl": "servetwin.cmd_rl", "plan": "servetwin.cmd_plan",
+            "report": "servetwin.cmd_report", "alerts": "servetwin.cmd_alerts",
+            "emulate": "servetwin.cmd_emulate"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

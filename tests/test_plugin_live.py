@@ -54,7 +54,7 @@ class PluginServer:
 
 
 def _start(tmp_path_factory, spec: str, flags: list[str], faults: bool = False,
-           start_timeout: float = 180.0):
+           start_timeout: float = 420.0):
     if os.environ.get("SERVETWIN_NO_LIVE") == "1":
         pytest.skip("live SGLang tests switched off by SERVETWIN_NO_LIVE=1")
     from runtime.cpu.install import ensure_plugin, require_harness
