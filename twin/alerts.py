@@ -1,0 +1,393 @@
+"""Alert rules as data, evaluated over a run's windowed metrics, exported as Prometheus rules.
+
+A rule is a frozen `Rule` read from YAML/JSON (`load_rules`) or the default set
+(`default_rules`: the users' two rules and two SLO burn-rate rules). `evaluate` runs the
+rules over a run's records (and its sampled series) and returns `Alert`s with the time
+they fired and the time they resolved; `prometheus_rules` writes the same rules as a
+Prometheus rules file over SGLang's metric names, which `promtool check rules` accepts.
+
+How the twin's evaluation maps onto Prometheus (docs/monitoring.md):
+- a `threshold` rule reads one value per tumbling window of `window_s` (what a PromQL
+  `rate(...[window])` evaluated every `window` gives); "over in N consecutive windows"
+  fires at the end of the N-th, which is Prometheus' `for: (N - 1) x window` with the rule
+  group's `interval: window`; the first window not over resolves it, an empty window (no
+  observations: PromQL gives no value) included;
+- a `burn_rate` rule (Google SRE's multi-window form) is evaluated at every window end t:
+  the error ratio (share of observations over the SLO's threshold) over (t - long, t] and
+  over (t - short, t], each divided by the error budget (1 - objective); it fires while
+  both exceed `factor`.
+Pure and deterministic: same inputs, same alerts, in rule order then time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from twin.errors import ConfigError
+from twin.monitoring import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    LATENCIES,
+    QUEUE_BUCKETS,
+    TTFT_BUCKETS,
+    Window,
+    metric_windows,
+    run_end,
+    window_edges,
+)
+
+KINDS = ("threshold", "burn_rate")
+SEVERITIES = ("info", "yellow", "warning", "page", "critical")
+ACTIONS = ("defragment",)
+GAUGE_METRICS = ("memory_pressure_score", "kv_eviction_rate", "kv_external_fragmentation",
+                 "num_running_reqs", "num_queue_reqs")
+RECORD_METRICS = tuple(f"{m}_p{q}" for m in LATENCIES for q in (50, 99)) + (
+    "radix_sharing_ratio", "batch_efficiency")
+METRICS = RECORD_METRICS + GAUGE_METRICS
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert rule. `threshold`: `metric` (a windowed metric: METRICS) above
+    `threshold` in `windows` consecutive windows. `burn_rate`: the SLO "`objective` of
+    `metric` observations (a latency: ttft, e2e, ...) at most `threshold` seconds" burning
+    its error budget faster than `factor` over both `long_window_s` and `short_window_s`.
+    `action`: what the twin does while it fires (`defragment`: compaction)."""
+
+    name: str
+    metric: str
+    threshold: float
+    kind: str = "threshold"
+    windows: int = 1
+    severity: str = "warning"
+    action: str | None = None
+    objective: float | None = None  # burn_rate: e.g. 0.99
+    long_window_s: float | None = None
+    short_window_s: float | None = None
+    factor: float | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        problem = _problem(self)
+        if problem:
+            raise ConfigError(f"alert rule {self.name!r}: {problem}")
+
+
+def _problem(r: Rule) -> str | None:
+    if not r.name or not r.name.replace("_", "").isalnum():
+        return "name: letters, digits and _ only"
+    if r.kind not in KINDS:
+        return f"kind {r.kind!r}: allowed values: {', '.join(KINDS)}"
+    if r.severity not in SEVERITIES:
+        return f"severity {r.severity!r}: allowed values: {', '.join(SEVERITIES)}"
+    if r.action is not None and r.action not in ACTIONS:
+        return f"action {r.action!r}: allowed values: {', '.join(ACTIONS)} (or null)"
+    if not _finite(r.threshold):
+        return f"threshold {r.threshold!r}: a finite number expected"
+    if r.kind == "threshold":
+        if r.metric not in METRICS:
+            return f"metric {r.metric!r}: allowed values: {', '.join(METRICS)}"
+        if not isinstance(r.windows, int) or isinstance(r.windows, bool) or r.windows < 1:
+            return f"windows {r.windows!r}: an integer >= 1 expected"
+        return None
+    if r.metric not in LATENCIES:
+        return f"metric {r.metric!r}: a burn_rate rule reads a latency: {', '.join(LATENCIES)}"
+    if not (_finite(r.objective) and 0 < r.objective < 1):
+        return f"objective {r.objective!r}: a number in (0, 1) expected, e.g. 0.99"
+    for key in ("long_window_s", "short_window_s", "factor"):
+        v = getattr(r, key)
+        if not (_finite(v) and v > 0):
+            return f"{key} {v!r}: a positive number expected"
+    if r.short_window_s >= r.long_window_s:
+        return "short_window_s must be shorter than long_window_s"
+    return None
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def default_rules(slo_ttft_s: float = 1.5, burn_scale: float = 1.0) -> list[Rule]:
+    """The users' two rules and Google SRE's two burn-rate rules on the TTFT SLO (99 % of
+    requests within `slo_ttft_s`): fast 1 h / 5 min at 14.4x, slow 6 h / 30 min at 6x;
+    `burn_scale` multiplies the four windows (e.g. 1/12 for a run of minutes)."""
+    burn = dict(kind="burn_rate", metric="ttft", threshold=slo_ttft_s, objective=0.99)
+    return [
+        Rule("ttft_p99_three_windows", "ttft_p99", slo_ttft_s, windows=3, severity="yellow",
+             description="the users' rule: P99 TTFT over the SLO three windows in a row"),
+        Rule("kv_fragmentation_defragment", "kv_external_fragmentation", 0.25,
+             severity="info", action="defragment",
+             description="the users' rule: KV external fragmentation above 25 % -> "
+             "defragment (in the twin: --defrag-threshold)"),
+        Rule("ttft_slo_fast_burn", severity="page", long_window_s=3600 * burn_scale,
+             short_window_s=300 * burn_scale, factor=14.4,
+             description="2 % of a 30-day error budget in an hour", **burn),
+        Rule("ttft_slo_slow_burn", severity="warning", long_window_s=21600 * burn_scale,
+             short_window_s=1800 * burn_scale, factor=6.0,
+             description="5 % of a 30-day error budget in six hours", **burn),
+    ]
+
+
+# ---- reading rules ----------------------------------------------------------------------
+_KEYS = {f.name for f in fields(Rule)}
+
+
+def load_rules(path: Path | str) -> list[Rule]:
+    """Rules from a YAML or JSON file: `{"rules": [{name, metric, threshold, ...}, ...]}`
+    (or the list itself). `ConfigError` naming the file, the line and the key."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        doc, lines = yaml.safe_load(text), _item_lines(yaml.compose(text))
+    except OSError as exc:
+        raise ConfigError(f"--alerts {p}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--alerts {p}: not YAML or JSON: {exc}") from None
+    items = doc.get("rules") if isinstance(doc, dict) else doc
+    if isinstance(doc, dict) and set(doc) - {"rules"}:
+        raise ConfigError(f"{p}: unknown top-level key {sorted(set(doc) - {'rules'})[0]!r} "
+                          "(allowed: rules)")
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{p}: a non-empty list of rules expected under 'rules'")
+    out, names = [], set()
+    for i, item in enumerate(items):
+        where = f"{p}:{lines[i] if i < len(lines) else '?'}: rule {i + 1}"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: a mapping expected, got {type(item).__name__}")
+        unknown = sorted(set(item) - _KEYS)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: "
+                              f"{', '.join(sorted(_KEYS))})")
+        missing = [k for k in ("name", "metric", "threshold") if k not in item]
+        if missing:
+            raise ConfigError(f"{where}: missing key {missing[0]!r}")
+        try:
+            rule = Rule(**item)
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if rule.name in names:
+            raise ConfigError(f"{where}: duplicate rule name {rule.name!r}")
+        names.add(rule.name)
+        out.append(rule)
+    return out
+
+
+def _item_lines(node) -> list[int]:
+    """1-based line of each rule in a composed YAML document."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        node = next((v for k, v in node.value if getattr(k, "value", None) == "rules"), None)
+    if not isinstance(node, yaml.SequenceNode):
+        return []
+    return [item.start_mark.line + 1 for item in node.value]
+
+
+def rules_json(rules: Sequence[Rule]) -> dict:
+    return {"rules": [{k: v for k, v in asdict(r).items() if v is not None} for r in rules]}
+
+
+# ---- evaluation -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Alert:
+    """A rule that fired: from `start_s` (the evaluation that fired it) to `end_s` (the
+    first that did not; None: still firing when the run ended). `since_s`: when its
+    condition first held (Prometheus' pending state); `peak`: its largest value meanwhile."""
+
+    rule: str
+    severity: str
+    metric: str
+    threshold: float
+    since_s: float
+    start_s: float
+    end_s: float | None
+    peak: float
+    action: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def needs_series(rule: Rule) -> bool:
+    return rule.kind == "threshold" and rule.metric in GAUGE_METRICS
+
+
+def evaluate(rules: Sequence[Rule], records: Sequence[dict], series: dict | None = None,
+             window_s: float = 60.0, max_running: int | None = None,
+             t_end: float | None = None) -> list[Alert]:
+    """The alerts `rules` raise over a run. `records`: the run's request records; `series`:
+    its sampled gauges by name (`twin.monitoring.twin_gauges`, or the live scrape's);
+    a rule over a gauge that is not given raises `ConfigError`. In rule order, then time."""
+    missing = [r.name for r in rules if needs_series(r) and r.metric not in (series or {})]
+    if missing:
+        raise ConfigError(f"alert rules {', '.join(missing)} read a sampled series the run "
+                          "does not have (give the run's timeseries or scraped metrics)")
+    end = run_end(records) if t_end is None else t_end
+    if series:
+        end = max([end] + [ts[-1] for ts, _ in series.values() if ts])
+    windows = metric_windows(records, series, max_running, window_s, end)
+    out: list[Alert] = []
+    for rule in rules:
+        if rule.kind == "threshold":
+            out += threshold_alerts(rule, windows[rule.metric])
+        else:
+            out += burn_alerts(rule, records, window_s, end)
+    return out
+
+
+def threshold_alerts(rule: Rule, windows: Sequence[Window]) -> list[Alert]:
+    """Alerts of a threshold rule over one metric's windows (see the module doc)."""
+    out, run, firing = [], [], False
+    for w in windows:
+        over = w.value is not None and w.value > rule.threshold
+        if over:
+            run.append(w)
+            if len(run) == rule.windows and not firing:
+                firing = True
+        elif run:
+            if firing:
+                out.append(_alert(rule, run, w.start_s))
+            run, firing = [], False
+    if firing:
+        out.append(_alert(rule, run, None))
+    return out
+
+
+def _alert(rule: Rule, run: list[Window], end_s: float | None) -> Alert:
+    return Alert(rule.name, rule.severity, rule.metric, rule.threshold, run[0].start_s,
+                 run[rule.windows - 1].end_s, end_s, max(w.value for w in run), rule.action)
+
+
+def burn_alerts(rule: Rule, records: Sequence[dict], window_s: float,
+                t_end: float) -> list[Alert]:
+    """Alerts of a multi-window burn-rate rule evaluated at every window end."""
+    budget = 1 - rule.objective
+    edges = window_edges(t_end, window_s)[1:]
+    long_r = _ratios(records, rule, rule.long_window_s, edges)
+    short_r = _ratios(records, rule, rule.short_window_s, edges)
+    out, since, peak = [], None, 0.0
+    for t, lr, sr in zip(edges, long_r, short_r, strict=True):
+        burn_l = None if lr is None else lr / budget
+        on = burn_l is not None and sr is not None and min(burn_l, sr / budget) > rule.factor
+        if on:
+            since, peak = (float(t) if since is None else since), max(peak, burn_l)
+        elif since is not None:
+            out.append(Alert(rule.name, rule.severity, rule.metric, rule.factor, since, since,
+                             float(t), round(peak, 6), rule.action))
+            since, peak = None, 0.0
+    if since is not None:
+        out.append(Alert(rule.name, rule.severity, rule.metric, rule.factor, since, since,
+                         None, round(peak, 6), rule.action))
+    return out
+
+
+def _ratios(records: Sequence[dict], rule: Rule, lookback_s: float,
+            ends: Sequence[float]) -> list[float | None]:
+    """The error ratio over (t - lookback_s, t] at each t of `ends` (None: no events)."""
+    import numpy as np
+
+    from twin.monitoring import observations
+
+    ts, vs = observations(records, rule.metric)
+    order = np.argsort(ts, kind="stable")
+    ts, vs = ts[order], vs[order]
+    bad = np.concatenate([[0], np.cumsum(vs > rule.threshold)])
+    out: list[float | None] = []
+    for t in ends:
+        hi = int(np.searchsorted(ts, t, side="right"))
+        lo = int(np.searchsorted(ts, t - lookback_s, side="right"))
+        n = hi - lo
+        out.append(round(float((bad[hi] - bad[lo]) / n), 6) if n else None)
+    return out
+
+
+def alerts_jsonl(alerts: Sequence[Alert]) -> str:
+    return "".join(json.dumps(a.to_json(), sort_keys=False) + "\n" for a in alerts)
+
+
+# ---- Prometheus export ------------------------------------------------------------------
+_HISTOGRAMS = {"ttft": ("sglang:time_to_first_token_seconds", TTFT_BUCKETS),
+               "e2e": ("sglang:e2e_request_latency_seconds", E2E_BUCKETS),
+               "itl": ("sglang:inter_token_latency_seconds", ITL_BUCKETS),
+               "tpot": ("sglang:request_time_per_output_token_seconds", ITL_BUCKETS),
+               "queue": ("sglang:queue_time_seconds", QUEUE_BUCKETS)}
+
+
+def _dur(seconds: float) -> str:
+    """A PromQL duration: whole seconds (Prometheus accepts e.g. 90s)."""
+    s = max(1, round(seconds))
+    return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
+
+
+def promql(metric: str, window_s: float, max_running: int | None = None) -> str:
+    """The PromQL expression of a windowed metric over SGLang's (or the twin's) names."""
+    w = _dur(window_s)
+    if metric in RECORD_METRICS[:len(LATENCIES) * 2]:
+        base, q = metric.rsplit("_p", 1)
+        name = _HISTOGRAMS[base][0]
+        return (f"histogram_quantile({int(q) / 100}, sum by (le) "
+                f"(rate({name}_bucket[{w}])))")
+    return {
+        "radix_sharing_ratio": f"sum(rate(sglang:cached_tokens_total[{w}])) / "
+                               f"sum(rate(sglang:prompt_tokens_total[{w}]))",
+        "memory_pressure_score": f"1 - avg_over_time(sglang:kv_available_tokens[{w}]) / "
+                                 "sglang:max_total_num_tokens",
+        "batch_efficiency": (f"avg_over_time(sglang:num_running_reqs[{w}]) / {max_running}"
+                             if max_running else f"avg_over_time(batch_efficiency[{w}])"),
+        "kv_external_fragmentation": f"max_over_time(kv_external_fragmentation[{w}])",
+        "kv_eviction_rate": f"avg_over_time(kv_eviction_rate[{w}])",
+        "num_running_reqs": f"avg_over_time(sglang:num_running_reqs[{w}])",
+        "num_queue_reqs": f"avg_over_time(sglang:num_queue_reqs[{w}])",
+    }[metric]
+
+
+def bucket_at_or_above(metric: str, threshold_s: float) -> float:
+    """The smallest bucket bound of SGLang's histogram for `metric` >= `threshold_s` (a
+    Prometheus rule can only count observations below a bucket bound)."""
+    buckets = _HISTOGRAMS[metric][1]
+    return next((float(b) for b in buckets if b >= threshold_s), math.inf)
+
+
+def burn_promql(rule: Rule, lookback_s: float) -> str:
+    name = _HISTOGRAMS[rule.metric][0]
+    le = bucket_at_or_above(rule.metric, rule.threshold)
+    le_s = "+Inf" if math.isinf(le) else repr(le)
+    w = _dur(lookback_s)
+    return (f"(1 - sum(rate({name}_bucket{{le=\"{le_s}\"}}[{w}])) / "
+            f"sum(rate({name}_count[{w}]))) / {round(1 - rule.objective, 6)}")
+
+
+def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
+                     max_running: int | None = None) -> str:
+    """A Prometheus rules file (YAML) for `rules`, evaluated every `window_s`."""
+    import yaml
+
+    out = []
+    for r in rules:
+        ann = {"summary": r.description or r.name}
+        if r.kind == "threshold":
+            expr = f"{promql(r.metric, window_s, max_running)} > {r.threshold}"
+            item = {"alert": r.name, "expr": expr}
+            if r.windows > 1:
+                item["for"] = _dur((r.windows - 1) * window_s)
+        else:
+            expr = (f"({burn_promql(r, r.long_window_s)}) > {r.factor}\nand\n"
+                    f"({burn_promql(r, r.short_window_s)}) > {r.factor}")
+            item = {"alert": r.name, "expr": expr}
+            le = bucket_at_or_above(r.metric, r.threshold)
+            if le != r.threshold:
+                ann["note"] = (f"SGLang's {r.metric} histogram has no {r.threshold} s bucket: "
+                               f"the rule counts observations over {le} s")
+        labels = {"severity": r.severity}
+        if r.action:
+            labels["action"] = r.action
+        item.update(labels=labels, annotations=ann)
+        out.append(item)
+    doc = {"groups": [{"name": "servetwin", "interval": _dur(window_s), "rules": out}]}
+    return yaml.safe_dump(doc, sort_keys=False, width=100)
