@@ -31,6 +31,7 @@ from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
 from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
+from twin.perf.step_cache import StepTimeCache
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
@@ -134,6 +135,9 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
         self._counts_only = type(self.alloc) is TokenPool  # decode_steps is room // batch
         self._dt_cache: tuple = (None, 0, 0, np.empty(0))  # `_decode_times`
+        # exact memo of the step times (twin/perf/step_cache.py) for a model whose answers
+        # never change during the run
+        self._cache = StepTimeCache(step_time) if _time_invariant(step_time) else None
 
     def _sleep(self, dur: float) -> simpy.Event | None:
         """The replica is busy for `dur` seconds: the event to wait on, or None when the
@@ -402,7 +406,11 @@ class Replica(Inbox, KVMemory, CutRuns):
             decoders = []
         chunks = [(ext, req.computed) for req, ext in batch]
         self.counters.prefill_tokens += sum(ext for _, ext in batch)
-        dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
+        cache = self._cache
+        if not decoders and cache is not None and cache.st is self.st:
+            dur = cache.prefill(chunks) + swap_in_s
+        else:
+            dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
         self.counters.stall_s += swap_in_s
         if self.step_log is not None:
             self.step_log.append(("mixed" if decoders else "prefill", now,
@@ -481,11 +489,19 @@ class Replica(Inbox, KVMemory, CutRuns):
         kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
         cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
         limit = self._next_boundary(arrivals=not cut)
-        times = self._decode_times(b, kv0, k)
-        if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
-            bound = int((limit - now) / float(times[0])) + 1
-            if bound < k:
-                k, times = bound, times[:bound]
+        cache = self._cache
+        if cache is not None and cache.st is self.st and (kv0 + b * (k - 1)) / b <= cache.quiet:
+            if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
+                bound = int((limit - now) / cache.first(b, kv0)) + 1
+                if bound < k:
+                    k = bound
+            times = cache.decode(b, kv0, k)
+        else:
+            times = self._decode_times(b, kv0, k)
+            if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
+                bound = int((limit - now) / float(times[0])) + 1
+                if bound < k:
+                    k, times = bound, times[:bound]
         ends = now + np.cumsum(times)
         if ends[-1] > limit:
             k = min(int(np.searchsorted(ends, limit, side="left")) + 1, len(ends))

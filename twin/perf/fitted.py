@@ -58,6 +58,7 @@ class LinearStepTime:
     """`step_time = coefficients . term_counts(step)`."""
 
     name = "fitted"
+    quiet_kv_mean = float("inf")  # decode_times has no side effect (twin/perf/step_cache.py)
 
     def __init__(self, coefficients: dict[str, float], tp_size: int = 1, label: str = "") -> None:
         unknown = sorted(set(coefficients) - set(TERMS))

@@ -142,6 +142,12 @@ def _isotonic(y: np.ndarray) -> np.ndarray:
 class OpdbStepTime:
     name = "opdb"
 
+    @property
+    def quiet_kv_mean(self) -> float:
+        """`decode_times` warns (once) beyond this mean KV length, never below it
+        (twin/perf/step_cache.py computes ahead only below it)."""
+        return float(self.extents.decode_kv)
+
     def __init__(self, capacity: Capacity, args: ServerArgs,
                  params: OpdbParams | None = None, framework: str = "sglang") -> None:
         self.framework = framework

@@ -36,6 +36,7 @@ class RooflineParams:
 
 class RooflineStepTime:
     name = "roofline"
+    quiet_kv_mean = float("inf")  # decode_times has no side effect (twin/perf/step_cache.py)
 
     def __init__(self, capacity: Capacity, args: ServerArgs,
                  params: RooflineParams | None = None) -> None:

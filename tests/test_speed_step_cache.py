@@ -1,0 +1,97 @@
+"""The replica's step-time memo (twin/perf/step_cache.py) answers exactly what the backend
+answers, bit for bit, and asks the backend nothing a run would not have asked beyond the
+mean KV length where the backend starts warning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twin.config import ServerArgs, derive_capacity
+from twin.overlap import OverlapStepTime
+from twin.perf import make_step_time
+from twin.perf.step_cache import BLOCK, StepTimeCache, quiet_kv_mean
+
+pytestmark = pytest.mark.offline
+
+ARGS = ServerArgs(model_path="meta-llama/Llama-3.1-8B")
+
+
+def _model(backend: str, overlap: bool):
+    cap = derive_capacity(ARGS, "a100-sxm-80gb")
+    st = make_step_time(backend, cap, ARGS)
+    return OverlapStepTime(st) if overlap else st
+
+
+@pytest.mark.parametrize("backend,overlap", [("roofline", False), ("roofline", True),
+                                             ("opdb", True)])
+def test_decode_and_prefill_match_the_backend_bit_for_bit(backend, overlap):
+    st = _model(backend, overlap)
+    cache = StepTimeCache(st, max_entries=300)  # small: clearing happens too
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        b = int(rng.integers(1, 300))
+        kv0 = int(rng.integers(b, b * 9000))
+        k = int(rng.integers(1, 3 * BLOCK))
+        if (kv0 + b * (k - 1)) / b > cache.quiet:
+            continue  # the replica asks the backend itself there
+        want = st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+        got = cache.decode(b, kv0, k)
+        assert got.tobytes() == want.tobytes(), (b, kv0, k)
+        assert cache.first(b, kv0) == float(want[0])
+        # a run continuing the same batch reads on from the same blocks
+        kv1 = kv0 + b * k
+        assert cache.decode(b, kv1, 5).tobytes() == st.decode_times(
+            b, np.arange(kv1, kv1 + 5 * b, b)).tobytes()
+    for _ in range(500):
+        chunks = [(int(rng.integers(1, 8000)), int(rng.integers(0, 4)) * 1024)
+                  for _ in range(int(rng.integers(1, 4)))]
+        assert cache.prefill(chunks) == st.step_time(chunks, [])
+        assert cache.prefill(chunks) == st.step_time(chunks, [])  # the memo's answer
+
+
+def test_quiet_limit_comes_through_wrappers():
+    opdb = _model("opdb", False)
+    assert quiet_kv_mean(OverlapStepTime(opdb)) == opdb.extents.decode_kv
+    assert quiet_kv_mean(_model("roofline", True)) == float("inf")
+
+    class Unknown:  # a backend that says nothing: no block is computed ahead
+        name = "unknown"
+
+    assert quiet_kv_mean(Unknown()) == float("-inf")
+
+
+class Spy:
+    """A linear backend that warns above mean KV `quiet`, recording every mean asked."""
+
+    name = "spy"
+
+    def __init__(self, quiet: float) -> None:
+        self.quiet_kv_mean = quiet
+        self.asked: list[float] = []
+
+    def decode_times(self, b, kv_sums):
+        mean = np.asarray(kv_sums, dtype=float) / b
+        self.asked.append(float(mean.max()))
+        return 0.01 + 1e-6 * mean
+
+    def step_time(self, chunks, lens):
+        return 0.02
+
+
+def test_blocks_never_ask_beyond_the_quiet_limit():
+    spy = Spy(quiet=1000.0)
+    cache = StepTimeCache(spy)
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        b = int(rng.integers(1, 40))
+        k = int(rng.integers(1, BLOCK))
+        top = int(1000 * b - b * (k - 1))  # the run's last step at mean <= 1000
+        kv0 = int(rng.integers(0, max(top, 1)))
+        run_max = (kv0 + b * (k - 1)) / b
+        n = len(spy.asked)
+        want = 0.01 + 1e-6 * (np.arange(kv0, kv0 + b * k, b) / b)
+        assert cache.decode(b, kv0, k).tobytes() == want.tobytes()
+        # anything asked ahead stays at or below the limit; a direct ask is the run itself
+        assert all(m <= max(spy.quiet_kv_mean, run_max) for m in spy.asked[n:])
+    assert max(spy.asked) <= 1000.0

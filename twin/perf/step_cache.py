@@ -1,0 +1,93 @@
+"""Exact memo of a step-time model's answers for one replica (issue 14).
+
+A decode run of b requests from KV sum kv0 needs `decode_times(b, [kv0, kv0 + b, ...])`.
+Every element is a function of its own KV sum only (the backend contract, and each backend
+computes it elementwise: the same inputs give the same float, whatever array they come in),
+so the answers are kept in blocks: the block (b, r, q) holds the times of the KV sums
+r + b * j for j in [q * BLOCK, (q + 1) * BLOCK), r = kv0 mod b. A run reads a slice of one
+block (or joins two); only a run longer than a block asks the backend directly. A prefill
+step without decodes is memoised by its chunks.
+
+Only for a model whose answers never change during a run (no fault's `factor` in its
+chain) and only where asking has no side effect: a backend warns once when a lookup leaves
+its measured data (`opdb`), so blocks are computed only up to the mean KV length below
+which it stays silent (`quiet_kv_mean`, absent: no blocks); beyond it the run's own steps
+are asked for, as before. Both memos are cleared when they hold `max_entries` (the answers
+are the same either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from twin.perf import PrefillChunk, StepTimeModel
+
+BLOCK = 64  # decode steps per block
+
+
+def quiet_kv_mean(st: StepTimeModel) -> float:
+    """The mean KV length up to which `st.decode_times` has no side effect (-inf:
+    unknown). Wrappers (overlap, fitted correction) pass their inner model's on."""
+    while st is not None:
+        q = getattr(st, "quiet_kv_mean", None)
+        if q is not None:
+            return float(q)
+        st = getattr(st, "inner", None) or getattr(st, "base", None)
+    return float("-inf")
+
+
+class StepTimeCache:
+    """`decode(b, kv0, k)` == `st.decode_times(b, np.arange(kv0, kv0 + b * k, b))`,
+    `prefill(chunks)` == `st.step_time(chunks, [])`, bit for bit."""
+
+    __slots__ = ("st", "_blocks", "_prefill", "quiet", "max_entries")
+
+    def __init__(self, st: StepTimeModel, max_entries: int = 1 << 16) -> None:
+        self.st = st
+        self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
+        self._prefill: dict[tuple[PrefillChunk, ...], float] = {}
+        self.quiet = quiet_kv_mean(st)  # blocks only up to this mean KV length
+        self.max_entries = max_entries
+
+    def _block(self, b: int, r: int, q: int) -> np.ndarray | None:
+        key = (b, r, q)
+        blk = self._blocks.get(key)
+        if blk is None:
+            start = r + b * q * BLOCK
+            if (start + b * (BLOCK - 1)) / b > self.quiet:
+                return None  # asking there may warn: only a run's own steps are asked for
+            if len(self._blocks) >= self.max_entries:
+                self._blocks.clear()
+            blk = self._blocks[key] = self.st.decode_times(
+                b, np.arange(start, start + b * BLOCK, b))
+        return blk
+
+    def decode(self, b: int, kv0: int, k: int) -> np.ndarray:
+        """Durations of k decode steps of b requests from KV sum kv0."""
+        if b > 0 and k <= BLOCK:
+            j, r = divmod(kv0, b)
+            q, i = divmod(j, BLOCK)
+            blk = self._block(b, r, q)
+            if blk is not None:
+                if i + k <= BLOCK:
+                    return blk[i:i + k]
+                nxt = self._block(b, r, q + 1)
+                if nxt is not None:
+                    return np.concatenate((blk[i:], nxt[:i + k - BLOCK]))
+        return self.st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+
+    def first(self, b: int, kv0: int) -> float:
+        """The duration of the first step of a decode run (`decode(b, kv0, 1)[0]`)."""
+        return float(self.decode(b, kv0, 1)[0])
+
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> float:
+        """`st.step_time(chunks, [])`: a prefill step without decodes."""
+        key = tuple(chunks)
+        t = self._prefill.get(key)
+        if t is None:
+            if len(self._prefill) >= self.max_entries:
+                self._prefill.clear()
+            t = self._prefill[key] = self.st.step_time(chunks, [])
+        return t
