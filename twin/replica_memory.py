@@ -55,6 +55,10 @@ class KVMemory:
     allocator (a request, or a radix node); copies (swap, re-allocation, compaction) add to
     `self._stall`, which the scheduler loop charges before the next step."""
 
+    # (time, cause, tokens moved) of each compaction when a list (servetwin simulate
+    # --alerts sets one: the defragmentation alert's record); None: not kept
+    compaction_log: list | None = None
+
     def room(self) -> int:
         return self.rep.room()
 
@@ -109,10 +113,12 @@ class KVMemory:
     def _copy_stall(self, tokens: int) -> None:
         self._stall += 2 * tokens * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
 
-    def _compact(self) -> None:
+    def _compact(self, cause: str = "allocation") -> None:
         """Mark-compact the allocator (`--defrag-every`, `--defrag-threshold`, or an
         allocation that failed on fragmentation); the copy stalls the replica."""
         moved = self.alloc.compact()
+        if self.compaction_log is not None:
+            self.compaction_log.append((round(self.env.now, 6), cause, moved))
         self.counters.compactions += 1
         stall = 2 * moved * self.cap.kv_bytes_per_token / self.cap.gpu.hbm_bw
         self.counters.compaction_s += stall
@@ -127,9 +133,9 @@ class KVMemory:
             return
         self._since_defrag += finished
         if d.every and self._since_defrag >= d.every:
-            self._compact()
+            self._compact("every")
         elif d.threshold is not None and self.alloc.fragmentation() > d.threshold:
-            self._compact()
+            self._compact("threshold")
 
     def lock(self, req: SimRequest, node) -> None:
         if self.tree and node is not None:

@@ -120,6 +120,8 @@ class SimResult:
     backend: str
     counters: dict
     interrupted: str | None = None  # Ctrl-C: why the records are partial
+    # (time, cause, tokens moved) of each compaction, when `keep_compactions` was asked
+    compaction_log: list = field(default_factory=list)
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -229,11 +231,15 @@ def build_policy(cfg: SimConfig) -> Policy:
 
 
 def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
-             step_time: StepTimeModel | None = None, progress=None) -> SimResult:
-    """Simulate `workload`; `progress(done, sim_time)` is called at every sample."""
+             step_time: StepTimeModel | None = None, progress=None,
+             keep_compactions: bool = False) -> SimResult:
+    """Simulate `workload`; `progress(done, sim_time)` is called at every sample;
+    `keep_compactions`: log each KV compaction (the defragmentation alert's record)."""
     env = simpy.Environment()
     rep, backend = build_replica(env, workload, cfg, step_time)
     rep.progress = progress
+    if keep_compactions:
+        rep.compaction_log = []
     env.process(rep.run())
     interrupted = None
     try:
@@ -254,7 +260,8 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     summary["memory"] = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(),
                                        rep.alloc.name, rep.cap.kv_bytes_per_token, counters,
                                        cfg.sample_every_s)
-    return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted)
+    return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted,
+                     rep.compaction_log or [])
 
 
 def with_unfinished(records: list[dict], workload: Workload, why: str,
