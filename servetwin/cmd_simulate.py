@@ -94,6 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", type=Path, help="write requests.jsonl, summary.json, "
                    "timeseries.csv here")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from servetwin.cmd_alerts import add_simulate_args
+
+    add_simulate_args(s)
     s.add_argument("--debug-checks", action="store_true",
                    help="check memory and radix-cache invariants at every scheduling pass "
                    "(Replica.check_integrity; slow)")
@@ -148,11 +151,17 @@ def run(ns: argparse.Namespace) -> int:
     if ns.deployment or ns.fault:
         if not ns.deployment:
             raise ConfigError("--fault needs --deployment (faults name a fleet's replicas)")
+        if ns.alerts:
+            raise ConfigError("--alerts: evaluated in single-server runs only (not with "
+                              "--deployment yet)")
         from servetwin.cmd_fleet import run as run_fleet
 
         return run_fleet(ns, DEFAULT_WORKLOAD)
     args, gpu, calibrated = _deployment(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
+    from servetwin.cmd_alerts import attach_alerts, format_alerts, simulate_rules
+
+    rules = simulate_rules(ns)  # --alerts (may set --defrag-threshold)
     cfg = sim_config(ns, args, gpu)
     slo = SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e)
     cap = derive_capacity(args, gpu)
@@ -163,11 +172,16 @@ def run(ns: argparse.Namespace) -> int:
             print(line)
         _print_header(cap, workload, args, gpu)
     progress = Progress(len(workload.requests))
-    result = simulate(workload, cfg, slo, progress=progress)
+    result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules))
     progress.close()
+    alerts = attach_alerts(rules, result, ns.alert_window) if rules else []
     if ns.out:
         result.write(ns.out)
         _write_launch(ns.out, cfg)
+        if rules:
+            from twin.alerts import alerts_jsonl
+
+            atomic_write_text(ns.out / "alerts.jsonl", alerts_jsonl(alerts))
     if ns.json:
         import json
 
@@ -175,6 +189,8 @@ def run(ns: argparse.Namespace) -> int:
     else:
         print(f"step-time backend: {result.backend}")
         print(format_summary(result.summary))
+        if rules:
+            print(format_alerts(alerts))
         if ns.out:
             print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv, "
                   "sglang_launch.txt (the same deployment on the real engine)")
