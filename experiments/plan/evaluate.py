@@ -1,0 +1,184 @@
+"""One candidate against the question: feasibility, one simulation at one load, and the search
+for the largest load that meets every SLO.
+
+A single-replica candidate runs through `twin.sim.simulate`, a multi-replica one through
+`twin.fleet.simulate_fleet` (its replicas behind the candidate's router). The load search
+uses the twin's determinism: the same requests at every load (`Question.at`), so a load
+either meets the SLOs or not, every time. It brackets the boundary (doubling up from the
+target while the SLOs hold, or checking a floor of 1/16 of the target when they do not),
+then bisects geometrically until the bracket is within `precision` (5 %: the largest
+sustainable load found, `lo`, is within 5 % of the first load found to fail, `hi`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from experiments.plan.question import Question, Slo
+from experiments.plan.space import Candidate
+from twin.config import derive_capacity
+from twin.errors import ServetwinError
+from twin.sim import SimConfig
+
+MAX_FACTOR = 64.0  # the search stops doubling at 64x the target (max_load then "at least")
+FLOOR_FACTOR = 1 / 16  # below 1/16 of the target a candidate has no sustainable load
+
+
+def sim_config(cand: Candidate) -> SimConfig:
+    return SimConfig(args=cand.args(), gpu=cand.gpu, kv_allocator=cand.kv_allocator,
+                     policy=cand.twin_policy)
+
+
+def fleet_doc(cand: Candidate, seed: int) -> dict:
+    """The candidate as a deployment spec (twin/fleet.py), for replicas > 1."""
+    args = {k: v for k, v in sorted(vars(cand.args()).items())
+            if v != getattr(type(cand.args())(), k) or k in ("model_path", "tp_size")}
+    twin = {}
+    if cand.kv_allocator != "token":
+        twin["kv_allocator"] = cand.kv_allocator
+    if cand.twin_policy:
+        twin["policy"] = cand.twin_policy
+    rep = {"name": "r", "count": cand.replicas, "engine": "sglang", "server_args": args}
+    if twin:
+        rep["twin"] = twin
+    return {"name": cand.id, "gpu": cand.gpu, "seed": seed, "router": {"name": cand.router},
+            "replicas": [rep]}
+
+
+def infeasible_reason(cand: Candidate, q: Question) -> str | None:
+    """Why SGLang would refuse this candidate or its requests, with the numbers; None if
+    it runs. Prompts SGLang would reject (as long as the context or the KV pool) make a
+    candidate infeasible: the twin would record them `rejected`."""
+    try:
+        cfg = sim_config(cand)
+        cap = derive_capacity(cfg.args, cfg.gpu)
+        from twin.sim import build_policy
+
+        build_policy(cfg)
+    except ServetwinError as exc:
+        return str(exc)
+    longest = max(r.prompt_tokens for r in q.base.requests)
+    if longest >= cap.max_req_input_len:
+        too_long = sum(r.prompt_tokens >= cap.max_req_input_len for r in q.base.requests)
+        return (f"context too long: {too_long} of {len(q.base.requests)} prompts (the longest "
+                f"{longest} tokens) reach SGLang's limit of {cap.max_req_input_len} tokens "
+                f"(context {cap.context_len}, KV pool {cap.max_total_num_tokens} tokens on "
+                f"{cand.tp}x {cand.gpu}); SGLang would reject them")
+    return None
+
+
+@dataclass
+class Runner:
+    """Simulations of one candidate; capacity and step-time tables are built once."""
+
+    cand: Candidate
+    q: Question
+    seed: int = 0
+    _kinds: object = None
+    _step_time: object = None
+    runs: list = field(default_factory=list)  # the scales simulated, in order
+
+    def simulate(self, scale: float, write_to=None):
+        """The records of the question's workload at `scale` (and its results written to
+        `write_to` if given); returns (records, summary)."""
+        self.runs.append(scale)
+        workload = self.q.at(scale)
+        slo = _legacy_slo(self.q.slos)
+        if self.cand.replicas == 1:
+            from twin.sim import simulate, step_time_for
+
+            cfg = sim_config(self.cand)
+            if self._step_time is None:
+                self._step_time = step_time_for(cfg, derive_capacity(cfg.args, cfg.gpu))
+            res = simulate(workload, cfg, slo, step_time=self._step_time)
+        else:
+            from twin.fleet import Kinds, parse_spec, simulate_fleet
+
+            self._kinds = self._kinds or Kinds()
+            spec = parse_spec(fleet_doc(self.cand, self.seed), f"<candidate {self.cand.id}>")
+            res = simulate_fleet(spec, workload, slo, kinds=self._kinds)
+        if write_to is not None:
+            res.write(write_to)
+        return res.records, res.summary
+
+
+def _legacy_slo(slos: tuple[Slo, ...]):
+    """The thresholds as twin.metrics.SLO (the summary's attainment line), first of each."""
+    from twin.metrics import SLO
+
+    first = {}
+    for s in slos:
+        first.setdefault(s.metric, s.threshold_s)
+    return SLO(first.get("ttft"), first.get("tpot"), first.get("e2e"))
+
+
+def measure(records, summary: dict, slos: tuple[Slo, ...]) -> dict:
+    """The contract's `at_target` numbers for one run, and each SLO's achieved share."""
+    recs = [r for r in records]
+    per_slo, all_met = {}, [True] * len(recs)
+    for s in slos:
+        covered = [i for i, r in enumerate(recs) if s.covers(r)]
+        good = 0
+        for i in covered:
+            if s.met_by(recs[i]):
+                good += 1
+            else:
+                all_met[i] = False
+        share = good / len(covered) if covered else 1.0
+        per_slo[s.name] = {"share": share, "needs": s.share, "covered": len(covered),
+                           "meets": share >= s.share - 1e-12}
+    dur = summary["duration_s"] or 0.0
+    ok = summary["status"]["ok"]
+
+    def pct(metric: str, p: str):
+        return summary[f"{metric}_s"][p]
+
+    return {"ttft_p50_s": pct("ttft", "p50"), "ttft_p99_s": pct("ttft", "p99"),
+            "tpot_p50_s": pct("tpot", "p50"), "tpot_p99_s": pct("tpot", "p99"),
+            "e2e_p99_s": pct("e2e", "p99"),
+            "throughput_rps": ok / dur if dur else None,
+            "goodput_rps": sum(all_met) / dur if dur else None,
+            "slo_attainment": sum(all_met) / len(recs) if recs else None,
+            "meets_slo": all(v["meets"] for v in per_slo.values()),
+            "slos": per_slo, "requests": len(recs), "status": dict(summary["status"])}
+
+
+def search(runner: Runner, precision: float) -> dict:
+    """The largest scale meeting every SLO (within `precision`) and the metrics at the
+    target; every simulated load is listed under `evaluations`."""
+    q, t = runner.q, runner.q.target_scale
+    cache: dict[float, dict] = {}
+
+    def meets(scale: float) -> bool:
+        if scale not in cache:
+            records, summary = runner.simulate(scale)
+            cache[scale] = measure(records, summary, q.slos)
+        return cache[scale]["meets_slo"]
+
+    capped = False
+    if meets(t):
+        lo, hi = t, 2 * t
+        while meets(hi):
+            lo, hi = hi, 2 * hi
+            if hi > t * MAX_FACTOR:
+                capped, hi = True, None
+                break
+    else:
+        lo, hi = t * FLOOR_FACTOR, t
+        if not meets(lo):
+            lo = None
+    while lo is not None and hi is not None and hi / lo > 1 + precision:
+        mid = math.sqrt(lo * hi)
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    evals = [{"scale": s, "rps": s * q.base_rps, "meets_slo": m["meets_slo"],
+              "ttft_p99_s": m["ttft_p99_s"], "slo_attainment": m["slo_attainment"]}
+             for s, m in cache.items()]
+    return {"max_load": {"scale": lo, "rps": None if lo is None else lo * q.base_rps},
+            "max_load_bound": "at least (search capped)" if capped else (
+                f"below {FLOOR_FACTOR:g} of the target" if lo is None else
+                f"within {precision:.0%}: {hi * q.base_rps:.6g} rps fails"),
+            "at_target": cache[t], "evaluations": evals}
