@@ -39,6 +39,9 @@ def test_decode_and_prefill_match_the_backend_bit_for_bit(backend, overlap):
         got = cache.decode(b, kv0, k)
         assert got.tobytes() == want.tobytes(), (b, kv0, k)
         assert cache.first(b, kv0) == float(want[0])
+        span = float(rng.uniform(0.0, 2.0))  # a run bounded by its first step, as before
+        bounded = want[:int(span / float(want[0])) + 1] if k > 1 else want
+        assert cache.run(b, kv0, k, span).tobytes() == bounded.tobytes(), (b, kv0, k, span)
         # a run continuing the same batch reads on from the same blocks
         kv1 = kv0 + b * k
         assert cache.decode(b, kv1, 5).tobytes() == st.decode_times(

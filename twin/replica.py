@@ -29,6 +29,7 @@ from twin.decider import Decider, PolicyDecider
 from twin.decode_cut import CutRuns
 from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
+from twin.memory_stats import fragmentation_columns
 from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
 from twin.perf.step_cache import StepTimeCache
@@ -491,20 +492,18 @@ class Replica(Inbox, KVMemory, CutRuns):
         limit = self._next_boundary(arrivals=not cut)
         cache = self._cache
         if cache is not None and cache.st is self.st and (kv0 + b * (k - 1)) / b <= cache.quiet:
-            if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
-                bound = int((limit - now) / cache.first(b, kv0)) + 1
-                if bound < k:
-                    k = bound
-            times = cache.decode(b, kv0, k)
+            times = cache.run(b, kv0, k, limit - now)  # bounded by the first step, as below
+            k = len(times)
         else:
             times = self._decode_times(b, kv0, k)
             if k > 1:  # steps only lengthen as KV grows: bound k by the first step first
                 bound = int((limit - now) / float(times[0])) + 1
                 if bound < k:
                     k, times = bound, times[:bound]
-        ends = now + np.cumsum(times)
+        ends = times.cumsum()
+        ends += now  # now + cumsum(times), as one array (the same floats)
         if ends[-1] > limit:
-            k = min(int(np.searchsorted(ends, limit, side="left")) + 1, len(ends))
+            k = min(int(ends.searchsorted(limit, side="left")) + 1, len(ends))
         if not self._grow_decoders(running, k):
             return
         dur_copy = self._stall  # re-allocation copies happen inside this run
@@ -737,8 +736,6 @@ class Replica(Inbox, KVMemory, CutRuns):
     def _sample(self, now: float) -> None:
         if now < self._next_sample:
             return
-        from twin.memory_stats import fragmentation_columns
-
         cached = self.tree.total_tokens if self.tree else 0
         st = self.alloc.stats()
         self.series.append((round(now, 6), len(self.running), len(self.waiting), st.stored,

@@ -24,7 +24,7 @@ import numpy as np
 
 from twin.perf import PrefillChunk, StepTimeModel
 
-BLOCK = 64  # decode steps per block
+BLOCK = 256  # decode steps per block
 
 
 def quiet_kv_mean(st: StepTimeModel) -> float:
@@ -44,7 +44,7 @@ class StepTimeCache:
 
     __slots__ = ("st", "_blocks", "_prefill", "quiet", "max_entries")
 
-    def __init__(self, st: StepTimeModel, max_entries: int = 1 << 16) -> None:
+    def __init__(self, st: StepTimeModel, max_entries: int = 1 << 14) -> None:
         self.st = st
         self._blocks: dict[tuple[int, int, int], np.ndarray] = {}
         self._prefill: dict[tuple[PrefillChunk, ...], float] = {}
@@ -77,6 +77,31 @@ class StepTimeCache:
                 if nxt is not None:
                     return np.concatenate((blk[i:], nxt[:i + k - BLOCK]))
         return self.st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+
+    def run(self, b: int, kv0: int, k: int, span: float) -> np.ndarray:
+        """The step times of a decode run of b requests from KV sum kv0 that ends by
+        `span` seconds: at most k steps, and (k > 1) no more than `int(span / first
+        step) + 1` (steps only lengthen as KV grows)."""
+        if b > 0:
+            j, r = divmod(kv0, b)
+            q, i = divmod(j, BLOCK)
+            blk = self._blocks.get((b, r, q))
+            if blk is None:
+                blk = self._block(b, r, q)
+            if blk is not None:
+                if k > 1:
+                    bound = int(span / float(blk[i])) + 1
+                    if bound < k:
+                        k = bound
+                if i + k <= BLOCK:
+                    return blk[i:i + k]
+                return self.decode(b, kv0, k)
+        times = self.st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+        if k > 1:
+            bound = int(span / float(times[0])) + 1
+            if bound < k:
+                times = times[:bound]
+        return times
 
     def first(self, b: int, kv0: int) -> float:
         """The duration of the first step of a decode run (`decode(b, kv0, 1)[0]`)."""
