@@ -196,8 +196,9 @@ def rules_json(rules: Sequence[Rule]) -> dict:
 # ---- evaluation -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Alert:
-    """A rule that fired: from `start_s` (the evaluation that fired it) to `end_s` (the
-    first that did not; None: still firing when the run ended). `since_s`: when its
+    """A rule that fired: from `start_s` (the evaluation that fired it: a window's end) to
+    `end_s` (the first evaluation that found it over no more; None: still firing when the
+    run ended). `since_s`: when its
     condition first held (Prometheus' pending state); `peak`: its largest value meanwhile."""
 
     rule: str
@@ -252,7 +253,7 @@ def threshold_alerts(rule: Rule, windows: Sequence[Window]) -> list[Alert]:
                 firing = True
         elif run:
             if firing:
-                out.append(_alert(rule, run, w.start_s))
+                out.append(_alert(rule, run, w.end_s))
             run, firing = [], False
     if firing:
         out.append(_alert(rule, run, None))
@@ -267,7 +268,7 @@ def _alert(rule: Rule, run: list[Window], end_s: float | None) -> Alert:
 def burn_alerts(rule: Rule, records: Sequence[dict], window_s: float,
                 t_end: float) -> list[Alert]:
     """Alerts of a multi-window burn-rate rule evaluated at every window end."""
-    budget = 1 - rule.objective
+    budget = round(1 - rule.objective, 12)  # 1 - 0.9 is 0.0999...98 in binary
     edges = window_edges(t_end, window_s)[1:]
     long_r = _ratios(records, rule, rule.long_window_s, edges)
     short_r = _ratios(records, rule, rule.short_window_s, edges)
@@ -377,7 +378,7 @@ def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
             if r.windows > 1:
                 item["for"] = _dur((r.windows - 1) * window_s)
         else:
-            expr = (f"({burn_promql(r, r.long_window_s)}) > {r.factor}\nand\n"
+            expr = (f"({burn_promql(r, r.long_window_s)}) > {r.factor} and "
                     f"({burn_promql(r, r.short_window_s)}) > {r.factor}")
             item = {"alert": r.name, "expr": expr}
             le = bucket_at_or_above(r.metric, r.threshold)
@@ -390,4 +391,4 @@ def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
         item.update(labels=labels, annotations=ann)
         out.append(item)
     doc = {"groups": [{"name": "servetwin", "interval": _dur(window_s), "rules": out}]}
-    return yaml.safe_dump(doc, sort_keys=False, width=100)
+    return yaml.safe_dump(doc, sort_keys=False, width=10**6)

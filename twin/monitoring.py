@@ -156,6 +156,8 @@ def radix_sharing_ratio(records: Sequence[dict], window_s: float = 60.0,
         if r.get("status") != "ok" or r.get("e2e_s") is None:
             continue
         k = int(_by_window(np.asarray([r["arrival_s"] + r["e2e_s"]]), edges)[0])
+        if not 0 <= k < len(n):
+            continue  # finished after t_end
         cached[k] += r["cached_tokens"]
         prompt[k] += r["prompt_tokens"]
         n[k] += 1
@@ -360,9 +362,12 @@ def sglang_registry(records: Sequence[dict], gauges: dict[str, float] | None = N
     if capacity_tokens:
         g.setdefault("sglang:max_total_num_tokens", float(capacity_tokens))
     seen = [r for r in records if until_s is None or r["arrival_s"] <= until_s]
-    share = radix_sharing_ratio(seen, now + 1e-9, now)[0].value
+    done = [r for r in seen if r.get("status") == "ok" and r.get("e2e_s") is not None
+            and r["arrival_s"] + r["e2e_s"] <= now]
+    prompt = sum(r["prompt_tokens"] for r in done)
+    share = sum(r["cached_tokens"] for r in done) / prompt if prompt else 0.0
     eff = batch_efficiency(seen, max_running, max(now, 1e-9), now)[0].value
-    g.setdefault("radix_sharing_ratio", share if share is not None else 0.0)
+    g.setdefault("radix_sharing_ratio", share)
     if eff is not None:
         g.setdefault("batch_efficiency", eff)
     for name in sorted(g):
