@@ -183,6 +183,25 @@ def build_plan_dir(root: Path) -> Path:
     return root
 
 
+def run_real_plan(out: Path) -> Path:
+    """A tiny real `servetwin plan` (experiments/plan): Qwen3-8B and DeepSeek-V3 (which does
+    not fit) on A100 PCIe at TP 1 and 2, its ramp to 200 % breaking the SLO; it writes
+    report.html itself through write_plan_report."""
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        rc = main(["plan", "--workload", SPEC.format(rate=8, n=60, prompt=SHORT).replace(
+            ",n=60", ""), "--target-rps", "14", "--requests", "60", "--gpus", "a100-pcie-80gb",
+            "--tp", "1,2", "--replicas", "1", "--models", "Qwen/Qwen3-8B,deepseek-ai/DeepSeek-V3",
+            "--ramp-step-s", "5", "--window-s", "1", "--jobs", "1", "--quiet", "--out", str(out)])
+    assert rc == 0, err.getvalue()
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_plan_dir(tmp_path_factory) -> Path:
+    return run_real_plan(tmp_path_factory.mktemp("real") / "plan")
+
+
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory) -> Path:
     return build_plan_dir(tmp_path_factory.mktemp("plan"))
@@ -347,3 +366,20 @@ def test_bad_plan_json_names_the_key(plan_dir, tmp_path, change, message, capsys
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err
     assert "plan.json" in err and message in err
+
+
+def test_real_plan_writes_its_report(real_plan_dir, tmp_path):
+    plan = json.loads((real_plan_dir / "plan.json").read_text())
+    page = (real_plan_dir / "report.html").read_bytes()
+    assert write_plan_report(real_plan_dir, tmp_path / "again.html").read_bytes() == page
+    figs = figures(page.decode())
+    assert sorted(figs) == ["capacity", "pareto", "plan-cdf", "ramp", "winner-series"]
+    assert plan["winner"] and len(figs["capacity"][0]["x"]) == sum(
+        c["status"] == "ok" for c in plan["candidates"])
+    text = page.decode().replace("&#x27;", "'")
+    for c in plan["candidates"]:
+        if c["status"] != "ok":
+            assert c["reason"] and c["reason"] in text
+    ramp = plan["ramp"]
+    assert any(v is not None for v in ramp["first_break"].values()) and ramp["alerts"]
+    assert text.count('"type":"rect"') >= len(ramp["alerts"])

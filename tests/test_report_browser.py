@@ -1,7 +1,8 @@
 """The reports in a real headless browser: Debian's Chromium driven by Playwright for Python
 (through its executable path: Playwright's own browser download cannot be reached here).
 
-For a simulate report (a fleet run) and a plan report: the page loads with no JavaScript
+For a simulate report (a fleet run), a plan report of twin runs assembled here and one of a
+real `servetwin plan`: the page loads with no JavaScript
 error, every plotly chart has traces with data, the candidate table sorts when a header is
 clicked, and a screenshot is not blank (decoded by the browser itself onto a canvas; a blank
 page's screenshot is checked to fail the same test). Without chromium the tests skip with
@@ -16,7 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_report import SHORT, SPEC, build_plan_dir, simulate
+from test_report import SHORT, SPEC, build_plan_dir, run_real_plan, simulate
 
 from experiments.report import write_plan_report, write_run_report
 
@@ -74,7 +75,8 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     simulate(fleet, "--deployment", "finance-hybrid", "--seed", "1", "--workload",
              SPEC.format(rate=3, n=40, prompt=SHORT))
     return {"simulate": write_run_report(fleet),
-            "plan": write_plan_report(build_plan_dir(root / "plan"))}
+            "plan": write_plan_report(build_plan_dir(root / "plan")),
+            "real-plan": run_real_plan(root / "real-plan") / "report.html"}
 
 
 def _open(browser, path: Path):
@@ -96,6 +98,7 @@ def _not_blank(page, png: bytes) -> dict:
 @pytest.mark.parametrize("kind, charts", [
     ("simulate", ["cdf", "series", "classes"]),
     ("plan", ["pareto", "capacity", "plan-cdf", "winner-series", "ramp"]),
+    ("real-plan", ["pareto", "capacity", "plan-cdf", "winner-series", "ramp"]),
 ])
 def test_page_loads_with_data_in_every_chart(browser, pages, kind, charts):
     page, errors = _open(browser, pages[kind])
@@ -128,6 +131,7 @@ def _numbers(values: list) -> list[float]:
 @pytest.mark.parametrize("kind, table, header", [
     ("plan", "candidates", "cost ($/h)"),
     ("plan", "candidates", "TTFT p99 (s)"),
+    ("real-plan", "candidates", "max load (req/s)"),
     ("simulate", "class-table", "TTFT p99 (ms)"),
 ])
 def test_table_sorts_by_the_clicked_header(browser, pages, kind, table, header):

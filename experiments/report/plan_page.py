@@ -164,16 +164,33 @@ def _capacity(plan: dict) -> str:
     colors = [WIN if c["id"] == plan["winner"] else
               (GOOD if (c.get("at_target") or {}).get("meets_slo") else BAD) for c in cands]
     fig = go.Figure(go.Bar(
-        x=[c["id"] for c in cands], y=[c["max_load"].get("rps") or 0 for c in cands],
+        x=[c["id"] for c in cands], y=[c["max_load"].get("rps") for c in cands],
         marker={"color": colors}, text=[f"${c['cost_per_hour']:.2f}/h" for c in cands],
-        hovertext=[c["label"] for c in cands], name="max sustainable load"))
+        textposition="outside", textangle=0, cliponaxis=False,
+        hovertext=[f"{c['label']}<br>{_num(c['max_load'].get('rps'))} req/s"
+                   + (f" ({c['max_load_bound']})" if c.get("max_load_bound") else "")
+                   for c in cands], hoverinfo="text", name="max sustainable load"))
     target = plan["question"]["target"]["rps"]
-    fig.add_hline(y=target, line={"color": "gray", "dash": "dash"},
-                  annotation_text=f"target {target:.2f} req/s")
+    fig.add_hline(y=target, line={"color": "gray", "dash": "dash"})
     fig.update_layout(height=400, width=1300, margin={"t": 30}, xaxis_title="candidate "
                       "(by cost; red: the winner, green: meets the SLOs at the target)",
-                      yaxis_title="max sustainable load (req/s)")
-    return P.figure_div(fig, "capacity")
+                      yaxis={"title": f"max sustainable load (req/s)<br>dashed: the target "
+                                      f"{target:.2f}", "type": "log",
+                             "range": _log_range([c["max_load"].get("rps") for c in cands]
+                                                 + [target])})
+    none = [c["id"] for c in cands if c["max_load"].get("rps") is None]
+    note = ("" if not none else "<p class='note'>" + P.esc(
+        "no load meets every SLO (no bar): " + ", ".join(none)) + "</p>")
+    return P.figure_div(fig, "capacity") + note
+
+
+def _log_range(values: list) -> list[float]:
+    """A log axis's range (log10 units) around the positive values, with room for labels."""
+    import math
+
+    vals = [v for v in values if v]
+    lo, hi = (min(vals), max(vals)) if vals else (1.0, 10.0)
+    return [round(math.log10(lo / 2), 6), round(math.log10(hi * 3), 6)]
 
 
 def best_ids(plan_dir: Path, plan: dict, by_id: dict) -> list[str]:
@@ -245,6 +262,12 @@ def _ramp(plan: dict) -> str:
                              mode="lines+markers", name="TTFT p99 per window",
                              line={"color": P.COLORS[4]}), row=1, col=2)
     fig.add_hline(y=ramp["slo_s"] * 1e3, line={"color": WIN, "dash": "dash"}, row=1, col=2)
+    step_s = ramp.get("step_s")
+    if isinstance(step_s, (int, float)) and step_s > 0:
+        for i, step in enumerate(steps):  # the load steps along the ramp's time axis
+            fig.add_vline(x=i * step_s, line={"color": "gray", "width": 1, "dash": "dot"},
+                          row=1, col=2, annotation_text=f"{step['load_pct']}%",
+                          annotation_position="top right", annotation_font_size=10)
     last = max((w["end_s"] for w in windows), default=0.0)
     for alert in ramp["alerts"]:
         end = alert.get("end_s")
@@ -268,6 +291,9 @@ def _table(plan: dict) -> str:
     headers = ["id", "label", "status", "reason", "GPUs", "cost ($/h)", "max load (req/s)",
                "max load (scale)", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p99 (s)",
                "E2E p99 (s)", "goodput (req/s)", "SLO attainment", "meets SLO", "headroom"]
+    bound = any("max_load_bound" in c for c in plan["candidates"])
+    if bound:
+        headers.append("load search")
     rows, classes = [], []
     for c in plan["candidates"]:
         at = c.get("at_target") or {}
@@ -275,9 +301,10 @@ def _table(plan: dict) -> str:
                      c["cost_per_hour"], c["max_load"].get("rps"), c["max_load"].get("scale"),
                      at.get("ttft_p50_s"), at.get("ttft_p99_s"), at.get("tpot_p99_s"),
                      at.get("e2e_p99_s"), at.get("goodput_rps"), at.get("slo_attainment"),
-                     at.get("meets_slo"), c.get("headroom")])
+                     at.get("meets_slo"), c.get("headroom")]
+                    + ([c.get("max_load_bound") or ""] if bound else []))
         classes.append("win" if c["id"] == plan["winner"] else
                        ("" if c["status"] == "ok" else "bad"))
     return ("<p class='note'>click a column header to sort (again to reverse); the winner is "
             "highlighted, infeasible and failed candidates are grey with their reason.</p>"
-            + P.table("candidates", headers, rows, classes, text_cols=(0, 1, 2, 3, 14)))
+            + P.table("candidates", headers, rows, classes, text_cols=(0, 1, 2, 3, 14, 16)))
