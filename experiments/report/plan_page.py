@@ -238,7 +238,7 @@ def _ramp(plan: dict) -> str:
     if not ramp:
         return "<p class='note'>no ramp in this plan (no winner to ramp).</p>"
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], subplot_titles=[
-        "P99 per load step", "P99 TTFT per window (alert windows shaded)"])
+        "P99 per load step", "P99 TTFT per window (shaded: while the alert fires)"])
     steps = ramp["steps"]
     xs = [s["load_pct"] for s in steps]
     for n, (key, name) in enumerate((("ttft_p99_s", "TTFT p99"), ("tpot_p99_s", "TPOT p99"),
