@@ -38,6 +38,9 @@ def register_replay(sub) -> None:
                    "config.json when the server runs on this machine)")
     p.add_argument("--no-flush-cache", action="store_true",
                    help="keep the server's radix cache (default: flush it before the run)")
+    p.add_argument("--scrape-every", type=float, default=None, metavar="S",
+                   help="scrape the server's /metrics every S seconds during the replay into "
+                   "metrics_series.jsonl (for `servetwin alerts eval`; docs/monitoring.md)")
     p.set_defaults(func=run_replay)
 
 
@@ -50,6 +53,7 @@ def run_replay(ns: argparse.Namespace) -> int:
     workload = workload_from(ns)
     check("--max-lateness-ms", ns.max_lateness_ms, POSITIVE)
     check("--request-timeout", ns.request_timeout, POSITIVE)
+    check_optional("--scrape-every", ns.scrape_every, POSITIVE)
     check_optional("--vocab-size", ns.vocab_size, Rule(integer=True, lo=5))  # ids from 3
     check_out_dir(ns.out)
     url = ns.url.rstrip("/")
@@ -64,16 +68,27 @@ def run_replay(ns: argparse.Namespace) -> int:
         raise ReplayError(f"{exc}; nothing was sent, {ns.out}/requests.jsonl is empty") from None
     _print_header(workload, facts)
     progress = Progress(n)
-    result = replay(workload, cfg, progress, facts)
+    scraper = None
+    if ns.scrape_every:
+        from runtime.live_metrics import Scraper
+
+        scraper = Scraper(url, ns.scrape_every, chain=progress)
+        with scraper:
+            result = replay(workload, cfg, scraper.hook, facts)
+    else:
+        result = replay(workload, cfg, progress, facts)
     progress.close()
     result.write(ns.out)
+    if scraper is not None:
+        scraper.write(ns.out)
     print(format_summary(summarize(result.records)))
     late = result.lateness
     if late["n"]:
         print(f"client lateness (ms): P50 {late['p50']:.2f}  P99 {late['p99']:.2f}  "
               f"max {late['max']:.2f}  (bound P99 <= {ns.max_lateness_ms:g})")
     print(f"wrote {ns.out}/requests.jsonl ({len(result.records)} records), summary.json, "
-          "replay.json, server_info_*.json, metrics_*.prom")
+          "replay.json, server_info_*.json, metrics_*.prom"
+          + (f", metrics_series.jsonl ({len(scraper.samples)} scrapes)" if scraper else ""))
     if result.stop_reason == INTERRUPTED:
         m = result.meta
         print(f"servetwin live replay: {INTERRUPTED}: {m['sent']} of {m['requests']} requests "
