@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from prometheus_client import generate_latest
 from test_monitoring import _samples, _value
 
-from runtime.client import ReplayConfig, replay
-from runtime.live_metrics import SERIES_FILE, Scraper, load_run
+from runtime.live_metrics import SERIES_FILE, load_run
 from runtime.server_api import probe, twin_server_args
 from servetwin.cli import main
 from twin.config import derive_capacity
@@ -19,45 +17,35 @@ from twin.metrics import SERIES_FIELDS
 from twin.monitoring import metric_windows, sglang_registry, twin_gauges
 from twin.perf.cpu_guess import cpu_step_time
 from twin.sim import SimConfig, simulate
-from twin.workload import Request, Workload
+from twin.workload import get_workload
 
 pytestmark = pytest.mark.live
 
-TEMPLATES = ((2001, 256), (2002, 128))
 N = 20
-
-
-def sequential_shared_prefix() -> Workload:
-    """N requests one after another (one client), most opening with one of two templates:
-    which prefix is cached when a request arrives does not depend on timing, so the twin's
-    cache and SGLang's must hit the same tokens."""
-    rng = np.random.default_rng(11)
-    reqs = []
-    for i in range(N):
-        segs = [TEMPLATES[i % 2]] if i % 5 != 4 else []
-        segs.append((20_000 + i, int(rng.choice([16, 48, 120]))))
-        reqs.append(Request.make(f"m{i}", 0.0, segs, int(rng.integers(4, 12))))
-    return Workload("monitoring-live", tuple(reqs), concurrency=1, description="test")
+# One client: requests one after another, most opening with one of two templates, so which
+# prefix is cached when a request arrives does not depend on timing, and the twin's cache
+# and SGLang's must hit the same tokens.
+SPEC = (f"arrival=closed,concurrency=1,n={N},prompt=uniform:16:120,output=uniform:4:12,"
+        "templates=2,template_len=256,share=0.8")
 
 
 @pytest.fixture(scope="module")
 def runs(sglang_server, tmp_path_factory):
-    facts = probe(sglang_server.url)
-    workload = sequential_shared_prefix()
-    cfg = ReplayConfig(url=sglang_server.url, seed=0, max_lateness_s=60.0)
+    """`servetwin live replay --scrape-every` of SPEC, and the twin of the same server."""
     out = tmp_path_factory.mktemp("live-monitoring")
-    with Scraper(sglang_server.url, every_s=0.5) as scraper:
-        result = replay(workload, cfg, progress=scraper.hook, facts=facts)
-    result.write(out)
-    scraper.write(out)
+    assert main(["live", "replay", "--url", sglang_server.url, "--workload", SPEC,
+                 "--out", str(out), "--scrape-every", "0.5",
+                 "--max-lateness-ms", "60000"]) == 0
+    facts = probe(sglang_server.url)
     args = twin_server_args(facts.info)
     cap = derive_capacity(args, "a100-pcie-80gb")
-    sim = simulate(workload, SimConfig(args=args), step_time=cpu_step_time(cap, args))
-    return load_run(out), sim, cap, out, scraper
+    sim = simulate(get_workload(SPEC, 0), SimConfig(args=args),
+                   step_time=cpu_step_time(cap, args))
+    return load_run(out), sim, cap, out
 
 
 def test_counters_agree_under_sglang_names(runs):
-    live, sim, cap, _, _ = runs
+    live, sim, cap, _ = runs
     assert all(r["status"] == "ok" for r in live.records)
     twin = _samples(generate_latest(sglang_registry(sim.records,
                                                     capacity_tokens=cap.max_total_num_tokens)
@@ -77,7 +65,7 @@ def test_counters_agree_under_sglang_names(runs):
 
 
 def test_radix_sharing_ratio_agrees_three_ways(runs):
-    live, sim, _, _, _ = runs
+    live, sim, _, _ = runs
     by_counters = live.totals["radix_sharing_ratio"]
     by_live_records = metric_windows(live.records, window_s=1e6)["radix_sharing_ratio"][0]
     by_twin = metric_windows(sim.records, window_s=1e6)["radix_sharing_ratio"][0]
@@ -90,15 +78,14 @@ def test_radix_sharing_ratio_agrees_three_ways(runs):
 def test_sglang_cache_hit_rate_is_the_last_prefill_batch(runs):
     """SGLang 0.5.23's `sglang:cache_hit_rate` gauge is the hit ratio of the last prefill
     batch (one request at a time here: the last request's cached / prompt tokens)."""
-    live, _, _, _, _ = runs
+    live, _, _, _ = runs
     last = max(live.records, key=lambda r: r["arrival_s"])
     assert live.totals["sglang:cache_hit_rate"] == pytest.approx(
         last["cached_tokens"] / last["prompt_tokens"], abs=1e-3)
 
 
 def test_scraped_gauges_and_alert_eval_on_the_live_run(runs, capsys):
-    live, sim, cap, out, scraper = runs
-    assert not scraper.errors and scraper.t0 is not None
+    live, sim, cap, out = runs
     rows = [json.loads(x) for x in (out / SERIES_FILE).read_text().splitlines()]
     assert len(rows) >= 3 and all("sglang:num_running_reqs" in r for r in rows)
     t, pressure = live.gauges["memory_pressure_score"]
