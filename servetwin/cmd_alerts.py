@@ -59,7 +59,8 @@ def _rule_args(p: argparse.ArgumentParser) -> None:
                    "F, e.g. 0.0833 for a run of minutes (default 1)")
 
 
-def rules_from(spec: str, slo_ttft: float = 1.5, burn_scale: float = 1.0, window: float = 60.0):
+def rules_from(spec: str, slo_ttft: float = 1.5, burn_scale: float = 1.0, window: float = 60.0,
+               flag: str = "--rules"):
     from twin.alerts import default_rules, load_rules
     from twin.inputs import POSITIVE, check
 
@@ -68,7 +69,7 @@ def rules_from(spec: str, slo_ttft: float = 1.5, burn_scale: float = 1.0, window
     check("--burn-scale", burn_scale, POSITIVE)
     if spec == DEFAULT:
         return default_rules(slo_ttft, burn_scale)
-    return load_rules(spec)
+    return load_rules(spec, flag)
 
 
 def run_rules(ns: argparse.Namespace) -> int:
@@ -157,7 +158,7 @@ def simulate_rules(ns: argparse.Namespace) -> list:
     fragmentation becomes `--defrag-threshold` when that was not given."""
     if not ns.alerts:
         return []
-    rules = rules_from(ns.alerts, ns.slo_ttft, 1.0, ns.alert_window)
+    rules = rules_from(ns.alerts, ns.slo_ttft, 1.0, ns.alert_window, "--alerts")
     for r in rules:
         if r.action == "defragment" and r.metric == "kv_external_fragmentation":
             if ns.defrag_threshold is None:

@@ -184,3 +184,16 @@ def test_the_defragment_rule_is_the_defrag_threshold(tmp_path):
 def test_alerts_with_a_fleet_are_refused(capsys):
     assert main(["simulate", "--deployment", "finance-hybrid", "--alerts", "default"]) != 0
     assert "--alerts: evaluated in single-server runs only" in capsys.readouterr().err
+
+
+def test_bad_command_lines_name_the_flag(tmp_path, capsys):
+    assert main(["alerts", "rules", "--rules", str(tmp_path / "none.yml")]) == 2
+    assert "--rules " in capsys.readouterr().err
+    assert main(["alerts", "rules", "--window", "0"]) == 2
+    assert "--window 0.0: must be" in capsys.readouterr().err
+    assert main(["alerts", "eval", str(tmp_path)]) == 2
+    assert "no requests.jsonl" in capsys.readouterr().err
+    (tmp_path / "bad.yml").write_text("rules: [")
+    assert main(["simulate", "--alerts", str(tmp_path / "bad.yml")]) == 2
+    err = capsys.readouterr().err
+    assert "--alerts " in err and "not YAML or JSON" in err

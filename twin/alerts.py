@@ -136,7 +136,7 @@ def default_rules(slo_ttft_s: float = 1.5, burn_scale: float = 1.0) -> list[Rule
 _KEYS = {f.name for f in fields(Rule)}
 
 
-def load_rules(path: Path | str) -> list[Rule]:
+def load_rules(path: Path | str, flag: str = "--rules") -> list[Rule]:
     """Rules from a YAML or JSON file: `{"rules": [{name, metric, threshold, ...}, ...]}`
     (or the list itself). `ConfigError` naming the file, the line and the key."""
     import yaml
@@ -146,9 +146,9 @@ def load_rules(path: Path | str) -> list[Rule]:
         text = p.read_text(encoding="utf-8")
         doc, lines = yaml.safe_load(text), _item_lines(yaml.compose(text))
     except OSError as exc:
-        raise ConfigError(f"--alerts {p}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(f"{flag} {p}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--alerts {p}: not YAML or JSON: {exc}") from None
+        raise ConfigError(f"{flag} {p}: not YAML or JSON: {exc}") from None
     items = doc.get("rules") if isinstance(doc, dict) else doc
     if isinstance(doc, dict) and set(doc) - {"rules"}:
         raise ConfigError(f"{p}: unknown top-level key {sorted(set(doc) - {'rules'})[0]!r} "

@@ -348,9 +348,10 @@ def sglang_registry(records: Sequence[dict], gauges: dict[str, float] | None = N
     `..._generation_tokens_total`, `..._cached_tokens_total`) from `records`; its gauges
     (`sglang:num_running_reqs`, `num_queue_reqs`, `token_usage`, `cache_hit_rate`,
     `gen_throughput`, `max_total_num_tokens`) and ours (`memory_pressure_score`,
-    `kv_external_fragmentation`, `radix_sharing_ratio`, `batch_efficiency`) from `gauges`
-    (name -> current value; a name left out is not exported) and the records' last
-    `window_s`. Render with `prometheus_client.generate_latest(registry)`."""
+    `kv_external_fragmentation`, ...) from `gauges` (name -> current value; a name left
+    out is not exported); `cache_hit_rate` and `gen_throughput` over the records' last
+    `window_s` unless given, `radix_sharing_ratio` and `batch_efficiency` over the run so
+    far. Render with `prometheus_client.generate_latest(registry)`."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import GaugeMetricFamily
 
