@@ -137,11 +137,12 @@ _SUMMARY_COLUMNS = ("status", "arrival_s", "e2e_s", "ttft_s", "tpot_s", "queue_s
                     "preemptions", "lost_s", "kv_moved_bytes")
 
 
-def summary_from_columns(cols: dict[str, list], itl: np.ndarray, slo: SLO | None = None,
+def summary_from_columns(cols: dict[str, list], itl: np.ndarray | dict, slo: SLO | None = None,
                          duration_s: float | None = None) -> dict:
     """`summarize` over records given as columns (lists in record order, fields of
     `_SUMMARY_COLUMNS`) and the token gaps of the `ok` ones, concatenated in order
-    (`itl` is consumed: its percentiles partition it in place)."""
+    (`itl` is consumed: its percentiles partition it in place), or their statistics
+    already computed (a dict as `_pcts` returns)."""
     status_col = cols["status"]
     n = len(status_col)
     ok = [i for i, s in enumerate(status_col) if s == "ok"]
@@ -169,7 +170,8 @@ def summary_from_columns(cols: dict[str, list], itl: np.ndarray, slo: SLO | None
         },
         "ttft_s": _pcts(ok_of("ttft_s")),
         "tpot_s": _pcts(ok_of("tpot_s")),
-        "itl_s": _pcts(itl, scratch=True),  # built for this summary, a day's worth
+        # a dict: computed without the array (twin/record_table.py, `itl_stats`)
+        "itl_s": itl if isinstance(itl, dict) else _pcts(itl, scratch=True),
         "e2e_s": _pcts(ok_of("e2e_s")),
         "queue_s": _pcts(ok_of("queue_s")),
         "cached_token_share": round(sum(ok_of("cached_tokens")) / prompt, 6)

@@ -1,0 +1,56 @@
+"""The summary's ITL statistics without the array of every gap (twin/record_table.py,
+`itl_stats`) are numpy's own over the gathered array: the same mean (numpy's pairwise sum
+replayed leaf by leaf) and the same percentiles (method 'linear'), bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import twin.record_table as rt
+from twin.metrics import PERCENTILES, _pcts
+
+pytestmark = pytest.mark.offline
+
+
+def _layout(rng, size: int, pieces: int, longest: int):
+    values = np.round(rng.exponential(0.01, size), int(rng.integers(2, 7)))
+    starts = [int(x) for x in rng.integers(0, size, pieces)]
+    lens = [int(min(rng.integers(1, longest), size - s)) for s in starts]
+    return values, starts, lens
+
+
+def test_matches_numpy_on_random_layouts():
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        values, starts, lens = _layout(rng, int(rng.integers(1, 3000)),
+                                       int(rng.integers(0, 300)), 80)
+        if not sum(lens):
+            assert rt.itl_stats(values, starts, lens) == {
+                **{f"p{p}": None for p in PERCENTILES}, "mean": None}
+            continue
+        want = _pcts(rt._gather(values, starts, lens), scratch=True)
+        assert rt.itl_stats(values, starts, lens) == want
+
+
+def test_mean_and_percentiles_unrounded_across_many_leaves(monkeypatch):
+    monkeypatch.setattr(rt, "_PW_LEAF", 1000)  # many leaves and splits of numpy's tree
+    rng = np.random.default_rng(12)
+    for size, pieces in ((50_000, 20_000), (7, 3), (1, 1), (200_003, 61_111)):
+        values, starts, lens = _layout(rng, size, pieces, 90)
+        gathered = rt._gather(values, starts, lens)
+        n = len(gathered)
+        total = rt._pairwise_sum(rt._Pieces(values, starts, lens, chunk=97), n)
+        assert total == np.add.reduce(gathered)  # numpy's pairwise sum, exactly
+        assert float(total / n) == float(gathered.mean())
+        pct = rt.itl_stats(values, starts, lens)
+        for p, v in zip(PERCENTILES, np.percentile(gathered, PERCENTILES), strict=True):
+            assert pct[f"p{p}"] == round(float(v), 6)
+
+
+def test_a_single_gap_and_ties():
+    values = np.array([0.5, 0.25, 0.25, 0.75])
+    assert rt.itl_stats(values, [1], [1]) == {"p50": 0.25, "p90": 0.25, "p99": 0.25,
+                                              "mean": 0.25}
+    starts, lens = [0, 1, 1, 2], [4, 3, 1, 2]
+    assert rt.itl_stats(values, starts, lens) == _pcts(rt._gather(values, starts, lens))
