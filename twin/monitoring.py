@@ -184,7 +184,8 @@ def batch_efficiency(records: Sequence[dict], max_running: int | None, window_s:
     """Time-average number of requests in the running batch over each window, divided by
     the server's request budget `max_running` (SGLang's `max_running_requests`, as the
     server derived it). A request is in the batch from its first scheduling (arrival +
-    queue_s) to its finish. None everywhere when `max_running` is unknown."""
+    queue_s) to its finish. The last window counts only up to the run's end (`t_end`), as a
+    sampled gauge's average would. None everywhere when `max_running` is unknown."""
     edges = window_edges(run_end(records) if t_end is None else t_end, window_s)
     busy = np.zeros(len(edges) - 1)
     n = np.zeros(len(edges) - 1, dtype=int)
@@ -193,9 +194,12 @@ def batch_efficiency(records: Sequence[dict], max_running: int | None, window_s:
         overlap = np.clip(hi - lo, 0.0, None)
         busy += overlap
         n += overlap > 0
+    end = run_end(records) if t_end is None else t_end
+    span = np.clip(np.minimum(edges[1:], end) - edges[:-1], 0.0, None)  # the run's part
     return [Window(float(edges[k]), float(edges[k + 1]),
-                   round(float(busy[k] / window_s / max_running), 6) if max_running else None,
-                   int(n[k])) for k in range(len(edges) - 1)]
+                   round(float(busy[k] / span[k] / max_running), 6)
+                   if max_running and span[k] > 0 else None, int(n[k]))
+            for k in range(len(edges) - 1)]
 
 
 def series_windows(times: Sequence[float], values: Sequence[float | None], window_s: float,
