@@ -141,3 +141,25 @@ def test_metric_windows_are_deterministic():
     a = metric_windows(recs, g, 8, window_s=7.5)
     b = metric_windows(list(reversed(recs)), g, 8, window_s=7.5)
     assert a == b  # record order does not matter
+
+
+def test_live_side_reads_counters_and_gauges_from_exposition_text():
+    from runtime.live_metrics import live_gauges, run_totals
+
+    recs = [rec("a", 0, 0.15, 1.0, prompt=100, cached=0),
+            rec("b", 1, 1.5, 3.0, prompt=300, cached=200)]
+    gauges = {"sglang:kv_available_tokens": 750.0, "sglang:num_running_reqs": 1.0}
+    before = generate_latest(sglang_registry(recs, until_s=1.0)).decode()
+    after = generate_latest(sglang_registry(recs, gauges, capacity_tokens=1000)).decode()
+    t = run_totals(before, after)
+    assert t["sglang:num_requests_total"] == 1  # "b" finished during the interval
+    assert t["sglang:prompt_tokens_total"] == 300 and t["sglang:cached_tokens_total"] == 200
+    assert t["radix_sharing_ratio"] == pytest.approx(200 / 300)
+    assert t["sglang:kv_available_tokens"] == 750 and t["sglang:max_total_num_tokens"] == 1000
+    rows = [{"t_s": -0.2, "sglang:kv_available_tokens": 1000.0,
+             "sglang:max_total_num_tokens": 1000.0},  # before the replay's origin: dropped
+            {"t_s": 0.5, "sglang:kv_available_tokens": 900.0,
+             "sglang:max_total_num_tokens": 1000.0, "sglang:num_running_reqs": 1.0}]
+    g = live_gauges(rows)
+    assert g["memory_pressure_score"] == ([0.5], [pytest.approx(0.1)])
+    assert g["num_running_reqs"] == ([0.5], [1.0])
