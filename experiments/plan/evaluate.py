@@ -7,7 +7,11 @@ uses the twin's determinism: the same requests at every load (`Question.at`), so
 either meets the SLOs or not, every time. It brackets the boundary (doubling up from the
 target while the SLOs hold, or checking a floor of 1/16 of the target when they do not),
 then bisects geometrically until the bracket is within `precision` (5 %: the largest
-sustainable load found, `lo`, is within 5 % of the first load found to fail, `hi`).
+sustainable load found, `lo`, is within 5 % of the first load found to fail, `hi`). A
+guess (the same hardware's boundary with fewer replicas, scaled by the replica count) is
+tried first with its neighbour one precision step away, which brackets the boundary in two
+runs when capacity scales with replicas. Where the SLOs are not monotone in load the
+search finds one boundary, not necessarily the largest.
 """
 
 from __future__ import annotations
@@ -144,10 +148,13 @@ def measure(records, summary: dict, slos: tuple[Slo, ...]) -> dict:
             "slos": per_slo, "requests": len(recs), "status": dict(summary["status"])}
 
 
-def search(runner: Runner, precision: float) -> dict:
+def search(runner: Runner, precision: float, guess: float | None = None) -> dict:
     """The largest scale meeting every SLO (within `precision`) and the metrics at the
-    target; every simulated load is listed under `evaluations`."""
+    target; every simulated load is listed under `evaluations`. `guess` (a scale, e.g. the
+    same hardware's boundary with one replica fewer, scaled) is tried first with its
+    neighbour one precision step away: a good guess brackets the boundary in two runs."""
     q, t = runner.q, runner.q.target_scale
+    step = 1 + precision
     cache: dict[float, dict] = {}
 
     def meets(scale: float) -> bool:
@@ -156,29 +163,37 @@ def search(runner: Runner, precision: float) -> dict:
             cache[scale] = measure(records, summary, q.slos)
         return cache[scale]["meets_slo"]
 
+    meets(t)
+    if guess is not None and t * FLOOR_FACTOR < guess < t * MAX_FACTOR:
+        meets(guess * step if meets(guess) else guess / step)
+    lo, hi = _bracket(cache)
     capped = False
-    if meets(t):
-        lo, hi = t, 2 * t
-        while meets(hi):
-            lo, hi = hi, 2 * hi
-            if hi > t * MAX_FACTOR:
-                capped, hi = True, None
-                break
-    else:
-        lo, hi = t * FLOOR_FACTOR, t
-        if not meets(lo):
-            lo = None
-    while lo is not None and hi is not None and hi / lo > 1 + precision:
-        mid = math.sqrt(lo * hi)
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid
+    while hi is None:  # every load so far meets: double up
+        if lo * 2 > t * MAX_FACTOR:
+            capped = True
+            break
+        meets(lo * 2)
+        lo, hi = _bracket(cache)
+    if lo is None:  # the floor: below it a candidate has no sustainable load
+        meets(min(t * FLOOR_FACTOR, hi / step))
+        lo, hi = _bracket(cache)
+    while lo is not None and hi is not None and hi / lo > step:
+        meets(math.sqrt(lo * hi))
+        lo, hi = _bracket(cache)
     evals = [{"scale": s, "rps": s * q.base_rps, "meets_slo": m["meets_slo"],
               "ttft_p99_s": m["ttft_p99_s"], "slo_attainment": m["slo_attainment"]}
-             for s, m in cache.items()]
+             for s, m in sorted(cache.items())]
     return {"max_load": {"scale": lo, "rps": None if lo is None else lo * q.base_rps},
+            "fails_at": {"scale": hi, "rps": None if hi is None else hi * q.base_rps},
             "max_load_bound": "at least (search capped)" if capped else (
                 f"below {FLOOR_FACTOR:g} of the target" if lo is None else
                 f"within {precision:.0%}: {hi * q.base_rps:.6g} rps fails"),
             "at_target": cache[t], "evaluations": evals}
+
+
+def _bracket(cache: dict[float, dict]) -> tuple[float | None, float | None]:
+    """(the largest passing load below the smallest failing one, that failing load)."""
+    fails = [s for s, m in cache.items() if not m["meets_slo"]]
+    hi = min(fails, default=None)
+    passes = [s for s, m in cache.items() if m["meets_slo"] and (hi is None or s < hi)]
+    return max(passes, default=None), hi

@@ -44,6 +44,7 @@ class PlanSettings:
     ramp_step_s: float = 60.0
     window_s: float = 60.0
     ramp: bool = True
+    report: bool = True  # report.html (experiments/report/plan_page.py)
     quiet: bool = False
 
 
@@ -100,14 +101,15 @@ def _cand(r: dict) -> Candidate:
                      c["router"])
 
 
-def refine(results: dict, cands: list[Candidate], prices: dict) -> list[Candidate]:
-    """Every other registry policy on the winner's (or the closest candidate's) hardware."""
+def refine(results: dict, cands: list[Candidate], prices: dict) -> tuple[list, float | None]:
+    """Every other registry policy on the winner's (or the closest candidate's) hardware,
+    and that candidate's boundary as their first guess."""
     from twin.policy import policy_names
 
     rows = list(_costed(results, prices).values())
     base = winner_of(rows) or closest(rows)
     if base is None:
-        return []
+        return [], None
     c = _cand(base)
     have = {(x.gpu, x.tp, x.replicas, x.model, x.quantization, x.server_args, x.policy,
              x.kv_allocator, x.router) for x in cands}
@@ -120,7 +122,7 @@ def refine(results: dict, cands: list[Candidate], prices: dict) -> list[Candidat
                new.policy, new.kv_allocator, new.router)
         if key not in have:
             out.append(new)
-    return out
+    return out, (base.get("max_load") or {}).get("scale")
 
 
 def run_plan(q: Question, source: WorkloadSource, space: Space, s: PlanSettings) -> dict:
@@ -135,9 +137,9 @@ def run_plan(q: Question, source: WorkloadSource, space: Space, s: PlanSettings)
         progress = Progress(len(cands), s.quiet)
         results = run_candidates(cands, q, store, ex, progress, best)
         if s.refine_policies:
-            more = refine(results, cands, s.prices)
+            more, guess = refine(results, cands, s.prices)
             progress.total += len(more)
-            results.update(run_candidates(more, q, store, ex, progress, best))
+            results.update(run_candidates(more, q, store, ex, progress, best, guess))
             cands += more
         progress.close()
         plan = assemble(q, cands, results, s)
@@ -147,7 +149,8 @@ def run_plan(q: Question, source: WorkloadSource, space: Space, s: PlanSettings)
     if s.ramp:
         plan["ramp"] = _ramp(q, source, plan, cands, s)
     _write(plan, cands, q, s)
-    _report(s)
+    if s.report:
+        _report(s)
     return plan
 
 
@@ -172,7 +175,7 @@ def assemble(q: Question, cands: list[Candidate], results: dict, s: PlanSettings
         row = {"id": c.id, "label": c.label, "config": c.config(), "status": r["status"],
                "reason": r["reason"], "gpus": c.gpus, "cost_per_hour": cost_of(c, s.prices),
                "max_load": ml or {"scale": None, "rps": None},
-               "max_load_bound": r.get("max_load_bound"),
+               "max_load_bound": r.get("max_load_bound"), "fails_at": r.get("fails_at"),
                "at_target": r["at_target"], "evaluations": r["evaluations"],
                "headroom": (ml["rps"] / target - 1) if ml and ml["rps"] is not None else None,
                "artifacts": None,

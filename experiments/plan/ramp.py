@@ -7,7 +7,8 @@ first step where an SLO breaks is its `first_break`. The alert rule "P99 TTFT ab
 three windows in a row" is evaluated over windows of `window_s` simulated seconds, each
 window's P99 over the requests whose first token came in it (as a Prometheus histogram
 of TTFT would see them): it fires at the end of the third window in a row above the
-threshold and resolves at the end of the first window at or below it.
+threshold and resolves at the end of the first window at or below it (a window with no
+first token neither counts nor resets).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def three_in_a_row(windows: list[dict], threshold_s: float, window_s: float,
     rule = f"ttft_p99 > {threshold_s:g} s in {runs} windows of {window_s:g} s in a row"
     alerts, above, start = [], 0, None
     for w in windows:
-        high = w["ttft_p99_s"] is not None and w["ttft_p99_s"] > threshold_s
+        if w["ttft_p99_s"] is None:  # no first token in the window: no evidence either way
+            continue
+        high = w["ttft_p99_s"] > threshold_s
         above = above + 1 if high else 0
         if start is None and above >= runs:
             start = w["end_s"]

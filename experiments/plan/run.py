@@ -25,8 +25,37 @@ from twin.errors import ConfigError, ServetwinError
 from twin.outputs import atomic_write_text
 
 
-def evaluate_candidate(cand: Candidate, q: Question) -> dict:
-    """The search for one candidate (runs in a worker): status, reason, search results."""
+def evaluate_group(cands: list[Candidate], q: Question, guess: float | None = None) -> list:
+    """The searches of candidates that differ only in their replica count, fewest first
+    (runs in a worker): each one's boundary, scaled by the replica ratio, is the next one's
+    first guess."""
+    out, prev = [], None
+    for c in cands:
+        if prev is not None:
+            ml = (prev[1].get("max_load") or {}).get("scale")
+            guess = None if ml is None else ml * c.replicas / prev[0].replicas
+        result = evaluate_candidate(c, q, guess)
+        out.append(result)
+        prev = (c, result)
+    return out
+
+
+def group_key(c: Candidate) -> tuple:
+    return (c.gpu, c.tp, c.model, str(c.quantization), c.server_args, c.policy,
+            c.kv_allocator, c.router)
+
+
+def groups(cands: list[Candidate]) -> list[list[Candidate]]:
+    """Candidates by everything but the replica count (a single replica carries the
+    space's first router, so it heads that router's group)."""
+    by: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        by.setdefault(group_key(c), []).append(c)
+    return [sorted(g, key=lambda c: (c.replicas, c.id)) for g in by.values()]
+
+
+def evaluate_candidate(cand: Candidate, q: Question, guess: float | None = None) -> dict:
+    """The search for one candidate: status, reason, search results."""
     t0 = time.process_time()
     out = {"id": cand.id, "label": cand.label, "config": cand.config(), "gpus": cand.gpus}
     reason = infeasible_reason(cand, q)
@@ -34,7 +63,7 @@ def evaluate_candidate(cand: Candidate, q: Question) -> dict:
         return {**out, "status": "infeasible", "reason": reason, "max_load": None,
                 "at_target": None, "evaluations": [], "cpu_s": time.process_time() - t0}
     try:
-        found = search(Runner(cand, q, q.seed), q.precision)
+        found = search(Runner(cand, q, q.seed), q.precision, guess)
     except ServetwinError as exc:
         return {**out, "status": "error", "reason": str(exc), "max_load": None,
                 "at_target": None, "evaluations": [], "cpu_s": time.process_time() - t0}
@@ -214,25 +243,29 @@ def rounded(obj):
 
 
 def run_candidates(cands: list[Candidate], q: Question, store: Store, ex: Executor,
-                   progress: Progress, best: Callable[[dict], str]) -> dict[str, dict]:
-    """Every candidate's result by id: resumed from `store`, or evaluated and saved."""
+                   progress: Progress, best: Callable[[dict], str],
+                   guess: float | None = None) -> dict[str, dict]:
+    """Every candidate's result by id: resumed from `store`, or evaluated (a group of
+    replica counts per task) and saved."""
     results: dict[str, dict] = {}
     todo = []
-    for c in cands:
-        prior = store.done(c)
-        if prior is not None:
-            results[c.id] = prior
-            progress.update(prior, best(results), resumed=True)
+    for group in groups(cands):
+        prior = [store.done(c) for c in group]
+        if all(p is not None for p in prior):
+            for p in prior:
+                results[p["id"]] = p
+                progress.update(p, best(results), resumed=True)
         else:
-            todo.append((c, q))
+            todo.append((group, q, guess))
 
-    def done(item, result: dict) -> None:
-        result = json.loads(_dumps(result))  # as it will be read back on resume
-        store.save(result)
-        results[result["id"]] = result
-        progress.update(result, best(results))
+    def done(item, group_results: list) -> None:
+        for result in group_results:
+            result = json.loads(_dumps(result))  # as it will be read back on resume
+            store.save(result)
+            results[result["id"]] = result
+            progress.update(result, best(results))
 
-    ex.map(evaluate_candidate, todo, done)
+    ex.map(evaluate_group, todo, done)
     return {k: results[k] for k in sorted(results)}
 
 
@@ -241,4 +274,5 @@ def default_jobs() -> int:
 
 
 __all__ = ["Executor", "Progress", "Store", "WorkloadSource", "default_jobs",
-           "evaluate_candidate", "question_key", "run_candidates", "write_artifacts"]
+           "evaluate_candidate", "evaluate_group", "question_key", "run_candidates",
+           "write_artifacts"]
