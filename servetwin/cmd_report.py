@@ -34,11 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    import sys
+
     from experiments.report import write_plan_report, write_run_report
     from twin.outputs import check_out_file
 
     html = check_out_file(ns.html, "--html") if ns.html is not None else None
-    if (ns.dir / "plan.json").is_file():
+    plan = (ns.dir / "plan.json").is_file()
+    files = "plan.json, candidates/" if plan else "requests.jsonl, summary.json, timeseries.csv"
+    print(f"reading {ns.dir} ({files}) ...", file=sys.stderr, flush=True)
+    if plan:
         out = write_plan_report(ns.dir, html)
         print(f"wrote {out} (plan report: {ns.dir}/plan.json)")
     else:

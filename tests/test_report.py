@@ -16,7 +16,7 @@ import pytest
 
 from experiments.report import write_plan_report, write_run_report
 from experiments.report.inputs import ReportInputError
-from experiments.report.run_page import class_rows, prompt_class
+from experiments.report.run_page import class_rows, prompt_class, thin_max
 from servetwin.cli import main
 
 pytestmark = pytest.mark.offline
@@ -258,6 +258,12 @@ def test_class_rows_count_every_request_once_per_kind(run_dir):
 def test_prompt_classes():
     assert [prompt_class(n) for n in (10, 1023, 1024, 10239, 10240, 40000)] == [
         "<1k", "<1k", "1k-4k", "4k-10k", "10k-32k", ">=32k"]
+
+
+def test_long_series_keep_their_peaks():
+    xs, ys = list(range(10)), [0, 5, 1, None, None, 2, 9, 0, 3, 0]
+    assert thin_max(xs, ys, 10) == (xs, ys)
+    assert thin_max(xs, ys, 4) == ([0, 3, 6, 9], [5, 2, 9, 0])
 
 
 def test_fleet_report_draws_a_line_per_replica(fleet_dir):

@@ -24,7 +24,8 @@ table{border-collapse:collapse;font-size:12px;margin:6px 0}
 th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
 th{background:#eee;cursor:pointer;user-select:none}
 td.t,th.t{text-align:left}
-td.w{white-space:normal;min-width:360px;max-width:560px}
+td.w{white-space:normal;min-width:300px;max-width:520px}
+summary{cursor:pointer}
 tr.win td{background:#fff3c4;font-weight:bold}
 tr.bad td{color:#999}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
@@ -73,6 +74,9 @@ def page(title: str, parts: Sequence[str]) -> str:
             + "\n".join(parts) + "\n<script>" + _SORT_JS + "</script></body></html>\n")
 
 
+LONG = 70  # characters of a table cell shown before the rest folds away
+
+
 def cell(value: object, digits: int = 3) -> str:
     """A table cell: numbers right-aligned with their exact value in data-v for sorting."""
     if value is None:
@@ -83,7 +87,11 @@ def cell(value: object, digits: int = 3) -> str:
         text = f"{value:,}" if isinstance(value, int) else f"{value:,.{digits}f}"
         return f"<td data-v='{float(value)!r}'>{text}</td>"
     text = str(value)
-    return f"<td class='{'t w' if len(text) > 60 else 't'}'>{esc(text)}</td>"
+    if len(text) <= LONG:
+        return f"<td class='t'>{esc(text)}</td>"
+    # a long text (an infeasible candidate's reason): its start, the whole on a click
+    return (f"<td class='t w'><details><summary>{esc(text[:LONG])}...</summary>{esc(text)}"
+            "</details></td>")
 
 
 def table(table_id: str, headers: Sequence[str], rows: Sequence[Sequence[object]],

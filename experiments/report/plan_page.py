@@ -149,7 +149,7 @@ def _pareto(plan: dict) -> str:
     target = plan["question"]["target"]["rps"]
     fig.add_hline(y=target, line={"color": "gray", "dash": "dot"}, row=1, col=2,
                   annotation_text=f"target {target:.2f} req/s", annotation_position="top left")
-    fig.update_xaxes(title_text="cost (USD per hour)")
+    fig.update_xaxes(title_text="cost (USD per hour)", type="log")
     fig.update_yaxes(title_text="P99 TTFT (ms)", type="log", row=1, col=1)
     fig.update_yaxes(title_text="goodput (req/s meeting the SLOs)", row=1, col=2)
     fig.update_layout(height=460, width=1300, margin={"t": 40})
@@ -157,30 +157,44 @@ def _pareto(plan: dict) -> str:
 
 
 def _capacity(plan: dict) -> str:
+    """Max sustainable load per candidate (when any has one) and SLO attainment at the
+    target, bars by cost."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     cands = sorted((c for c in plan["candidates"] if c["status"] == "ok"),
                    key=lambda c: (c["cost_per_hour"], c["id"]))
+    loads = [c["max_load"].get("rps") for c in cands]
+    rows = 2 if any(v is not None for v in loads) else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=(["max sustainable load (req/s)"] if rows == 2 else [])
+                        + ["SLO attainment at the target load"])
     colors = [WIN if c["id"] == plan["winner"] else
               (GOOD if (c.get("at_target") or {}).get("meets_slo") else BAD) for c in cands]
-    fig = go.Figure(go.Bar(
-        x=[c["id"] for c in cands], y=[c["max_load"].get("rps") for c in cands],
-        marker={"color": colors}, text=[f"${c['cost_per_hour']:.2f}/h" for c in cands],
-        textposition="outside", textangle=0, cliponaxis=False,
-        hovertext=[f"{c['label']}<br>{_num(c['max_load'].get('rps'))} req/s"
-                   + (f" ({c['max_load_bound']})" if c.get("max_load_bound") else "")
-                   for c in cands], hoverinfo="text", name="max sustainable load"))
+    ids = [c["id"] for c in cands]
+    hover = [f"{c['label']}<br>${c['cost_per_hour']:.2f}/h, max load "
+             f"{_num(c['max_load'].get('rps'))} req/s"
+             + (f" ({c['max_load_bound']})" if c.get("max_load_bound") else "") for c in cands]
     target = plan["question"]["target"]["rps"]
-    fig.add_hline(y=target, line={"color": "gray", "dash": "dash"})
-    fig.update_layout(height=400, width=1300, margin={"t": 30}, xaxis_title="candidate "
-                      "(by cost; red: the winner, green: meets the SLOs at the target)",
-                      yaxis={"title": f"max sustainable load (req/s)<br>dashed: the target "
-                                      f"{target:.2f}", "type": "log",
-                             "range": _log_range([c["max_load"].get("rps") for c in cands]
-                                                 + [target])})
-    none = [c["id"] for c in cands if c["max_load"].get("rps") is None]
-    note = ("" if not none else "<p class='note'>" + P.esc(
-        "no load meets every SLO (no bar): " + ", ".join(none)) + "</p>")
+    if rows == 2:
+        fig.add_trace(go.Bar(x=ids, y=loads, marker={"color": colors}, hovertext=hover,
+                             hoverinfo="text", name="max load", showlegend=False,
+                             text=[f"${c['cost_per_hour']:.2f}/h" for c in cands],
+                             textposition="outside", textangle=0, cliponaxis=False),
+                      row=1, col=1)
+        fig.add_hline(y=target, line={"color": "gray", "dash": "dash"}, row=1, col=1)
+        fig.update_yaxes(type="log", range=_log_range(loads + [target]), row=1, col=1,
+                         title_text=f"req/s (dashed: target {target:.2f})")
+    fig.add_trace(go.Bar(x=ids, y=[(c.get("at_target") or {}).get("slo_attainment")
+                                   for c in cands], marker={"color": colors}, hovertext=hover,
+                         hoverinfo="text", name="SLO attainment", showlegend=False),
+                  row=rows, col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=rows, col=1)
+    fig.update_xaxes(title_text="candidate (by cost; red: the winner, green: meets the SLOs "
+                     "at the target, orange: misses)", row=rows, col=1)
+    fig.update_layout(height=560 if rows == 2 else 360, width=1300, margin={"t": 30})
+    note = "" if rows == 2 else ("<p class='note'>no candidate meets every SLO at any load "
+                                 "the search tried: no max-load bars.</p>")
     return P.figure_div(fig, "capacity") + note
 
 
@@ -222,12 +236,25 @@ def _best_cdfs(plan_dir: Path, plan: dict, by_id: dict) -> str:
             + "</p>" + P.figure_div(fig, "plan-cdf"))
 
 
+def shown_candidate(plan_dir: Path, plan: dict) -> dict | None:
+    """The winner, else (none meets the SLOs) the ramp's candidate, if its run is on disk."""
+    by_id = {c["id"]: c for c in plan["candidates"]}
+    for cid in (plan["winner"], (plan.get("ramp") or {}).get("candidate")):
+        c = by_id.get(cid or "")
+        if c and c.get("artifacts") and (plan_dir / c["artifacts"] / "requests.jsonl").is_file():
+            return c
+    return None
+
+
 def _winner_series(plan_dir: Path, plan: dict) -> str:
-    win = next((c for c in plan["candidates"] if c["id"] == plan["winner"]), None)
-    if not win or not win.get("artifacts"):
-        return "<p class='note'>no winner with a run in candidates/.</p>"
-    return series_figure(read_run(plan_dir / win["artifacts"]), "winner-series",
-                         f"{win['id']}: ")
+    shown = shown_candidate(plan_dir, plan)
+    if shown is None:
+        return "<p class='note'>no winner (or ramped candidate) with a run in candidates/.</p>"
+    note = "" if shown["id"] == plan["winner"] else (
+        f"<p class='note'>no candidate meets every SLO: {P.esc(shown['id'])}, the candidate "
+        "the planner ramped, instead.</p>")
+    return note + series_figure(read_run(plan_dir / shown["artifacts"]), "winner-series",
+                                f"{shown['id']}: ")
 
 
 def _ramp(plan: dict) -> str:

@@ -158,13 +158,31 @@ def series_figure(run: Run, div_id: str, title_prefix: str = "") -> str:
         color = P.COLORS[n % len(P.COLORS)]
         for row, ys in ((1, cols.get("running")), (2, cols.get("waiting")),
                         (3, kv_use(run, replica, cols))):
-            fig.add_trace(go.Scatter(x=cols["t_s"], y=ys or [], mode="lines", name=label,
+            xs, ys = thin_max(cols["t_s"], ys or [])
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label,
                                      legendgroup=label, showlegend=row == 1,
                                      line={"color": color, "shape": "hv"}), row=row, col=1)
     fig.update_yaxes(tickformat=".0%", row=3, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=3, col=1)
     fig.update_layout(height=620, width=1300, margin={"t": 40})
     return P.figure_div(fig, div_id)
+
+
+SERIES_POINTS = 3000  # a longer series is drawn as the maximum of each run of samples
+
+
+def thin_max(xs: list, ys: list, points: int = SERIES_POINTS) -> tuple[list, list]:
+    """At most `points` samples: each the first time and the largest value of a run of
+    consecutive samples (peaks survive; a day at one sample a second stays a few MB)."""
+    if len(ys) <= points:
+        return list(xs), list(ys)
+    per = -(-len(ys) // points)
+    out_x, out_y = [], []
+    for i in range(0, len(ys), per):
+        chunk = [y for y in ys[i:i + per] if y is not None]
+        out_x.append(xs[i])
+        out_y.append(max(chunk) if chunk else None)
+    return out_x, out_y
 
 
 def _series_figure(run: Run) -> str:
