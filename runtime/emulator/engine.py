@@ -192,9 +192,8 @@ class Engine:
                 rep._leave(r, "aborted", "client disconnected")
                 return True
         for r in rep.running:
-            if r.req is t.req:
-                in_run = r.dec_start >= 0 and self._future_steps(self._pub_now()) > 0
-                r.max_new_tokens = r.generated_tokens + (0 if in_run else 1)
+            if r.req is t.req:  # one more step (the run in flight decided its own)
+                r.max_new_tokens = min(r.max_new_tokens, r.generated_tokens + 1)
                 return True
         return t.done  # in a prefill step: try again after it
 
@@ -296,6 +295,8 @@ class Engine:
         stamp, future = self.env.now, 0
         if ends is not None:
             done = int(np.searchsorted(ends, now, side="right"))
+            if done and ends[done - 1] >= self.env.peek():
+                done -= 1  # the run's last step ends with an event not yet stepped
             future = len(ends) - done
             if done:
                 stamp = float(ends[done - 1])

@@ -108,7 +108,9 @@ class Emulator:
         return self.url
 
     async def stop(self) -> None:
+        """Stop: open streams end with an error event, then the listener closes."""
         self.engine.close()
+        self.engine._fail("the emulator is shutting down")
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -199,7 +201,7 @@ class Emulator:
         the request."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-        sent = 0
+        sent, ended = 0, False
         try:
             await resp.prepare(request)
             while True:
@@ -207,7 +209,8 @@ class Emulator:
                 n = self._n(t)
                 while sent < n:
                     sent += 1
-                    await resp.write(_sse(chunk(sent, t.done and sent == n)))
+                    ended = t.done and sent == n
+                    await resp.write(_sse(chunk(sent, ended)))
                 if t.done:
                     break
                 await t.changed.wait()
@@ -215,8 +218,8 @@ class Emulator:
                 await resp.write(_sse({"error": {"message": t.final.error,
                                                  "type": "internal_error", "code": 500,
                                                  "retryable": False}}))
-            elif sent == 0:
-                await resp.write(_sse(chunk(0, True)))
+            elif not ended:  # the last token went out before the request ended
+                await resp.write(_sse(chunk(sent, True)))
             for extra in tail() if tail is not None else ():
                 await resp.write(_sse(extra))
             await resp.write(b"data: [DONE]\n\n")
