@@ -1,5 +1,6 @@
 """The training report: one self-contained plotly HTML page (learning curve against the
-heuristics' levels, and the final comparison)."""
+heuristics' levels, and the final comparison), assembled like the other reports
+(experiments/report/page.py)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ def write_report(path: Path, history: list[dict], heuristics: dict[str, dict], t
     fig.update_layout(height=520, width=1200,
                       title=f"servetwin rl train: env {tc.env}, {tc.timesteps} steps, "
                             f"{len(history)} evaluations")
-    body = fig.to_html(full_html=False, include_plotlyjs=True)
-    targets = cfg.targets.to_json()
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>servetwin rl "
-                    f"train</title></head><body><h2>servetwin rl train</h2><p>SLO targets: "
-                    f"{targets}</p>{body}</body></html>\n")
+    from experiments.report.page import esc, figure_div, page
+
+    # the reports' page: plotly.js inline, a fixed div id (the same run, the same bytes)
+    path.write_text(page("servetwin rl train", [
+        f"<p class='note'>SLO targets: {esc(cfg.targets.to_json())}</p>",
+        figure_div(fig, "rl-train")]))
     return path
