@@ -43,6 +43,7 @@ class RecordTable(Sequence):
         self._reqs = sorted(finished, key=lambda r: (r.arrival_s, r.index))
         self._ends = np.asarray(step_end, dtype=float)
         self._gaps: tuple | None = None
+        self._rounded: tuple | None = None  # `_times`
 
     # ---- the sequence of dicts (built on demand) ---------------------------------------
     def __len__(self) -> int:
@@ -104,33 +105,51 @@ class RecordTable(Sequence):
         table = np.array([repr(v) for v in uniq.tolist()], dtype=object)
         return table[inv].tolist()
 
+    # ---- rounded times ---------------------------------------------------------------------
+    def _times(self) -> tuple[list, ...]:
+        """Per request, rounded as the record writes them: arrival, TTFT, TPOT, E2E,
+        queue and lost seconds (None where the record has null); computed once for the
+        summary and the lines."""
+        if self._rounded is not None:
+            return self._rounded
+        plans = self._plan()[0]
+        arrival, ttft_c, tpot_c, e2e_c, queue_c, lost_c = [], [], [], [], [], []
+        for r, (_, n_out) in zip(self._reqs, plans, strict=True):
+            ok = r.status == "ok"
+            ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
+            e2e = r.finish_s - r.arrival_s if ok else None
+            arrival.append(_r(r.arrival_s))
+            ttft_c.append(_r(ttft))
+            tpot_c.append(_r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None)
+            e2e_c.append(_r(e2e))
+            queue_c.append(_r(r.queued_s) if r.first_admit_s is not None else None)
+            lost_c.append(_r(r.lost_s))
+        self._rounded = (arrival, ttft_c, tpot_c, e2e_c, queue_c, lost_c)
+        return self._rounded
+
     # ---- requests.jsonl ------------------------------------------------------------------
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
         plans, step_gaps, own_gaps = self._plan()
         ss, xs = self._strings(step_gaps), self._strings(own_gaps)
-        for r, (pieces, n_out) in zip(self._reqs, plans, strict=True):
+        for r, (pieces, n_out), arrival, ttft, tpot, e2e, queue, lost in zip(
+                self._reqs, plans, *self._times(), strict=True):
             parts: list[str] = []
             for p in pieces:
                 if p[0] == "s":
                     parts += ss[p[1]:p[2]]
                 else:
                     parts.append(xs[p[1]])
-            ok = r.status == "ok"
-            ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
-            e2e = r.finish_s - r.arrival_s if ok else None
-            tpot = _r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None
-            queue = _r(r.queued_s) if r.first_admit_s is not None else None
             error = "null" if r.error is None else _json_str(r.error)
-            yield (f'{{"rid":{_json_str(r.rid)},"arrival_s":{_num(_r(r.arrival_s))},'
+            yield (f'{{"rid":{_json_str(r.rid)},"arrival_s":{_num(arrival)},'
                    f'"prompt_tokens":{int(r.prompt_tokens)},'
                    f'"cached_tokens":{int(r.cached_tokens)},"output_tokens":{n_out},'
-                   f'"priority":{int(r.priority)},"ttft_s":{_num(_r(ttft))},'
+                   f'"priority":{int(r.priority)},"ttft_s":{_num(ttft)},'
                    f'"tpot_s":{_num(tpot)},"itl_s":[{",".join(parts)}],'
-                   f'"e2e_s":{_num(_r(e2e))},"queue_s":{_num(queue)},'
+                   f'"e2e_s":{_num(e2e)},"queue_s":{_num(queue)},'
                    f'"retractions":{int(r.retractions)},"preemptions":{int(r.preemptions)},'
                    f'"status":{_json_str(r.status)},"error":{error},'
-                   f'"lost_s":{_num(_r(r.lost_s))},"kv_moved_bytes":{round(r.moved_bytes)}}}\n')
+                   f'"lost_s":{_num(lost)},"kv_moved_bytes":{round(r.moved_bytes)}}}\n')
 
     # ---- summary -----------------------------------------------------------------------
     def summary(self, slo: SLO | None = None, duration_s: float | None = None) -> dict:
@@ -140,29 +159,19 @@ class RecordTable(Sequence):
         joined = np.concatenate([step_gaps, own_gaps])
         starts: list[int] = []
         lens: list[int] = []
-        cols: dict[str, list] = {k: [] for k in (
-            "status", "arrival_s", "e2e_s", "ttft_s", "tpot_s", "queue_s", "prompt_tokens",
-            "output_tokens", "cached_tokens", "retractions", "preemptions", "lost_s",
-            "kv_moved_bytes")}
-        for r, (pieces, n_out) in zip(self._reqs, plans, strict=True):
-            ok = r.status == "ok"
-            ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
-            e2e = r.finish_s - r.arrival_s if ok else None
-            cols["status"].append(r.status)
-            cols["arrival_s"].append(_r(r.arrival_s))
-            cols["e2e_s"].append(_r(e2e))
-            cols["ttft_s"].append(_r(ttft))
-            cols["tpot_s"].append(_r((e2e - ttft) / (n_out - 1)) if ok and n_out > 1 else None)
-            cols["queue_s"].append(_r(r.queued_s)
-                                   if r.first_admit_s is not None else None)
-            cols["prompt_tokens"].append(r.prompt_tokens)
-            cols["output_tokens"].append(n_out)
-            cols["cached_tokens"].append(r.cached_tokens)
-            cols["retractions"].append(r.retractions)
-            cols["preemptions"].append(r.preemptions)
-            cols["lost_s"].append(_r(r.lost_s))
-            cols["kv_moved_bytes"].append(round(r.moved_bytes))
-            if ok:
+        reqs = self._reqs
+        arrival, ttft, tpot, e2e, queue, lost = self._times()
+        cols: dict[str, list] = {
+            "status": [r.status for r in reqs], "arrival_s": arrival, "e2e_s": e2e,
+            "ttft_s": ttft, "tpot_s": tpot, "queue_s": queue,
+            "prompt_tokens": [r.prompt_tokens for r in reqs],
+            "output_tokens": [n_out for _, n_out in plans],
+            "cached_tokens": [r.cached_tokens for r in reqs],
+            "retractions": [r.retractions for r in reqs],
+            "preemptions": [r.preemptions for r in reqs], "lost_s": lost,
+            "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
+        for r, (pieces, _) in zip(reqs, plans, strict=True):
+            if r.status == "ok":
                 for p in pieces:
                     if p[0] == "s":
                         starts.append(p[1])
