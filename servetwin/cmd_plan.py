@@ -109,6 +109,12 @@ def run(ns: argparse.Namespace) -> int:
     print(f"question: {q.workload} at {q.target_rps:.4g} requests/s ({q.peak_from}); SLOs "
           f"{', '.join(s.name for s in slos)}; {len(space.candidates())} candidates, "
           f"{jobs if not ns.ray else 'ray'} worker(s)")
+    import signal
+
+    def stop(signum, frame):  # a kill stops the workers too (finished candidates are kept)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     plan = run_plan(q, source, space, settings)
     _print(plan, ns.out)
     return 0

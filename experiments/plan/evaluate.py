@@ -131,7 +131,8 @@ def measure(records, summary: dict, slos: tuple[Slo, ...]) -> dict:
                 all_met[i] = False
         share = good / len(covered) if covered else 1.0
         per_slo[s.name] = {"share": share, "needs": s.share, "covered": len(covered),
-                           "meets": share >= s.share - 1e-12}
+                           "meets": share >= s.share - 1e-12,
+                           "value_s": _rank_value(s, [recs[i] for i in covered])}
     dur = summary["duration_s"] or 0.0
     ok = summary["status"]["ok"]
 
@@ -146,6 +147,18 @@ def measure(records, summary: dict, slos: tuple[Slo, ...]) -> dict:
             "slo_attainment": sum(all_met) / len(recs) if recs else None,
             "meets_slo": all(v["meets"] for v in per_slo.values()),
             "slos": per_slo, "requests": len(recs), "status": dict(summary["status"])}
+
+
+def _rank_value(s: Slo, covered: list[dict]) -> float | None:
+    """The covered requests' metric at the SLO's share, by nearest rank (a request that
+    did not finish ok counts as infinite): the SLO holds exactly when this is within the
+    threshold. None when that rank falls on an unfinished request (or nothing is covered)."""
+    if not covered:
+        return None
+    vals = sorted(math.inf if r["status"] != "ok" else (r[f"{s.metric}_s"] or 0.0)
+                  for r in covered)
+    v = vals[max(0, math.ceil(s.share * len(vals) - 1e-9) - 1)]
+    return None if math.isinf(v) else v
 
 
 def search(runner: Runner, precision: float, guess: float | None = None) -> dict:
@@ -165,7 +178,7 @@ def search(runner: Runner, precision: float, guess: float | None = None) -> dict
 
     meets(t)
     if guess is not None and t * FLOOR_FACTOR < guess < t * MAX_FACTOR:
-        meets(guess * step if meets(guess) else guess / step)
+        _gallop(meets, cache, guess, step, t * FLOOR_FACTOR, t * MAX_FACTOR)
     lo, hi = _bracket(cache)
     capped = False
     while hi is None:  # every load so far meets: double up
@@ -189,6 +202,21 @@ def search(runner: Runner, precision: float, guess: float | None = None) -> dict
                 f"below {FLOOR_FACTOR:g} of the target" if lo is None else
                 f"within {precision:.0%}: {hi * q.base_rps:.6g} rps fails"),
             "at_target": cache[t], "evaluations": evals}
+
+
+def _gallop(meets, cache: dict, guess: float, step: float, floor: float, cap: float) -> None:
+    """From `guess`, steps of 1, 2, 4, ... precision steps away from it (up while the SLOs
+    hold, down while they fail) until the answer changes or the known bracket is reached."""
+    up, x, k = meets(guess), guess, 1
+    while True:
+        nxt = x * step**k if up else x / step**k
+        lo, hi = _bracket(cache)
+        if not floor <= nxt <= cap or (up and hi is not None and nxt >= hi) or (
+                not up and lo is not None and nxt <= lo):
+            return
+        if meets(nxt) != up:
+            return
+        x, k = nxt, 2 * k
 
 
 def _bracket(cache: dict[float, dict]) -> tuple[float | None, float | None]:

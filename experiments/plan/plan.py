@@ -132,6 +132,7 @@ def run_plan(q: Question, source: WorkloadSource, space: Space, s: PlanSettings)
     store = Store(out, question_key(q))
     store.open()
     ex = Executor(s.jobs, s.ray)
+    interrupted = True
     try:
         best = _best_text(s.prices)
         progress = Progress(len(cands), s.quiet)
@@ -144,8 +145,9 @@ def run_plan(q: Question, source: WorkloadSource, space: Space, s: PlanSettings)
         progress.close()
         plan = assemble(q, cands, results, s)
         _artifacts(q, plan, cands, ex, s)
+        interrupted = False
     finally:
-        ex.close()
+        ex.close(interrupted)
     if s.ramp:
         plan["ramp"] = _ramp(q, source, plan, cands, s)
     _write(plan, cands, q, s)

@@ -180,8 +180,16 @@ class Executor:
             for item in items:
                 on_done(item, fn(*item))
 
-    def close(self) -> None:
-        if self.pool is not None:
+    def close(self, interrupted: bool = False) -> None:
+        """Wait for the workers; on an interrupt stop them (finished candidates are kept)."""
+        if self.pool is None:
+            return
+        if interrupted:
+            procs = list(getattr(self.pool, "_processes", {}).values())
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            for proc in procs:
+                proc.terminate()
+        else:
             self.pool.shutdown()
 
 
