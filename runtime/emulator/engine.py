@@ -33,6 +33,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ from twin.workload import Request
 # Prompt tokens per radix segment: two prompts share cached KV up to their longest common
 # run of whole blocks (SGLang matches single tokens; a block of 16 loses < 16 per match).
 BLOCK = 16
+LATENESS_SAMPLES = 100_000
 
 
 class WallClockEnv(simpy.Environment):
@@ -139,8 +141,8 @@ class Engine:
         self._kick = asyncio.Event()
         self.t0 = time.perf_counter()
         self.failed: str | None = None  # the model raised: the server is unhealthy
-        self.lateness_s: list[float] = []  # wall-clock lateness of each published token
-        self.keep_lateness = 0  # how many lateness samples to keep (benchmarks)
+        # wall-clock lateness of the last published tokens (s): /server_info reports it
+        self.lateness_s: deque[float] = deque(maxlen=LATENESS_SAMPLES)
         self.counts = {"requests": 0, "finished": 0, "aborted": 0}
         self.tokens_out = 0  # tokens published, every request
         self._started = False
@@ -313,8 +315,7 @@ class Engine:
         late = time.perf_counter() - self.wall_of(stamp)
         for _ in range(have - t.available):
             t.token_s.append(stamp)
-            if len(self.lateness_s) < self.keep_lateness:
-                self.lateness_s.append(late)
+            self.lateness_s.append(late)
         self.tokens_out += have - t.available
         t.available = have
         t.changed.set()
@@ -326,6 +327,16 @@ class Engine:
             t.changed.set()
         self.tickets.clear()
         self._pending.clear()
+
+    def lateness_ms(self) -> dict:
+        """P50/P99/max of the last tokens' lateness: how long after its simulated step
+        end (on the wall clock) each token went to its handler."""
+        if not self.lateness_s:
+            return {"tokens": 0, "p50": None, "p99": None, "max": None}
+        arr = np.asarray(self.lateness_s) * 1e3
+        p50, p99 = np.percentile(arr, [50, 99])
+        return {"tokens": len(arr), "p50": round(float(p50), 3), "p99": round(float(p99), 3),
+                "max": round(float(arr.max()), 3)}
 
     def close(self) -> None:
         self.feed.closed = True

@@ -308,7 +308,9 @@ class Emulator:
                 "internal_states": [state], "version": SGLANG_VERSION, "frontend": "python",
                 "emulated": {"by": "servetwin emulate", "gpu": self.cfg.gpu,
                              "speed": self.speed, "step_time_backend": self.engine.backend,
-                             "vocab_size": self.vocab, "failed": self.engine.failed}}
+                             "vocab_size": self.vocab, "failed": self.engine.failed,
+                             "lateness_ms": self.engine.lateness_ms(),
+                             "counts": dict(self.engine.counts)}}
 
     async def server_info(self, request: web.Request) -> web.Response:
         return _json(self.info())

@@ -1,0 +1,139 @@
+"""What `servetwin emulate` costs on this machine: the requests per second one emulated
+server sustains, the lateness of its token stream against the simulated step ends, and
+how many emulated servers one core can carry.
+
+    python benchmarks/emulator.py [--quick]
+
+1. Throughput: one emulator at `--speed 1000` (the model's time is negligible: what is
+   measured is the HTTP side, the driver and the replica's passes) and C concurrent
+   aiohttp clients sending small requests (16 prompt ids, 4 output tokens), streaming and
+   not, for a fixed number of requests: requests/s, and the emulator's CPU seconds per
+   request (from /proc: its own process only, not the client's).
+2. Lateness and capacity: N emulators at speed 1, each serving "an A100 server's" load
+   (the default deployment, DeepSeek-R1-Distill-Qwen-32B on 2x A100-80GB PCIe at TP 2,
+   replayed by `runtime.client.replay`: Poisson 2 req/s, prompts lognormal 800, outputs
+   uniform 50-150); each emulator reports the lateness of every token it published (wall
+   time at which its handler got it minus the wall time of its simulated step end) in
+   /server_info; its CPU use per wall second gives the servers one core carries at that
+   load (1 / CPU share), checked by running N of them at once.
+
+Prints the workload, the machine, the load average and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runtime.client import ReplayConfig, replay  # noqa: E402
+from runtime.emulator.process import EmulatorProcess  # noqa: E402
+from twin.workload import from_spec  # noqa: E402
+
+SMALL = ["--model-path", "meta-llama/Llama-3.1-8B", "--tp-size", "1", "--gpu",
+         "h100-sxm-80gb", "--step-time-backend", "roofline"]
+A100_LOAD = "arrival=poisson,rate=2,n={n},prompt=lognormal:800:0.5,output=uniform:50:150"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (not its children), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_info(url: str) -> dict:
+    with urllib.request.urlopen(url + "/server_info", timeout=30) as r:
+        return json.loads(r.read())
+
+
+async def flood(url: str, n: int, conc: int, stream: bool) -> float:
+    """Send `n` small requests from `conc` clients; wall seconds taken."""
+    import aiohttp
+
+    body = {"input_ids": list(range(100, 116)), "stream": stream,
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+    left = iter(range(n))
+    async with aiohttp.ClientSession() as s:
+        async def client() -> None:
+            for _ in left:
+                async with s.post(url + "/generate", json=body) as r:
+                    await r.read()
+                    assert r.status == 200, r.status
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(conc)))
+        return time.perf_counter() - t0
+
+
+def throughput(n: int, conc: int) -> None:
+    print(f"\n1. requests/s of one emulator (speed 1000, {conc} clients, {n} requests of "
+          "16 prompt ids and 4 output tokens)")
+    with EmulatorProcess([*SMALL, "--speed", "1000"]) as em:
+        for stream in (False, True):
+            c0 = cpu_seconds(em.proc.pid)
+            wall = asyncio.run(flood(em.url, n, conc, stream))
+            cpu = cpu_seconds(em.proc.pid) - c0
+            kind = "streaming" if stream else "non-streaming"
+            print(f"   {kind:14s} {n / wall:7.0f} req/s   emulator CPU {1e3 * cpu / n:.2f} ms "
+                  f"per request ({4 * n / cpu:,.0f} tokens per CPU-second)")
+
+
+def a100_load(n_servers: int, n_requests: int) -> None:
+    spec = A100_LOAD.format(n=n_requests)
+    print(f"\n2. {n_servers} emulator(s) at speed 1, each replaying {spec} (default "
+          "deployment: 32B on 2x A100-80GB PCIe, TP 2)")
+    work = from_spec(spec, 0)
+    with_ems = [EmulatorProcess(["--speed", "1"]) for _ in range(n_servers)]
+    for em in with_ems:
+        em.start()
+    try:
+        c0 = [cpu_seconds(em.proc.pid) for em in with_ems]
+        t0 = time.perf_counter()
+        results = asyncio.run(_replays([em.url for em in with_ems], work))
+        wall = time.perf_counter() - t0
+        for i, (em, res) in enumerate(zip(with_ems, results, strict=True)):
+            cpu = cpu_seconds(em.proc.pid) - c0[i]
+            late = server_info(em.url)["emulated"]["lateness_ms"]
+            ok = sum(r["status"] == "ok" for r in res.records)
+            print(f"   server {i}: {ok}/{len(res.records)} ok; token lateness P50 "
+                  f"{late['p50']} ms, P99 {late['p99']} ms, max {late['max']} ms "
+                  f"({late['tokens']} tokens); CPU {cpu:.1f} s over {wall:.0f} s wall "
+                  f"= {cpu / wall:.3f} of a core -> {wall / cpu:.0f} such servers per core")
+    finally:
+        for em in with_ems:
+            em.stop()
+
+
+async def _replays(urls: list[str], work) -> list:
+    loop = asyncio.get_running_loop()
+    cfgs = [ReplayConfig(url=u, max_lateness_s=60.0, request_timeout_s=120.0) for u in urls]
+    return await asyncio.gather(*(loop.run_in_executor(None, replay, work, c) for c in cfgs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    ap.add_argument("--servers", type=int, default=4, help="emulators run at once in part 2")
+    ns = ap.parse_args()
+    print(f"benchmarks/emulator.py on {platform.node()} ({platform.processor() or 'cpu'}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}), "
+          f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    throughput(300 if ns.quick else 2000, 16)
+    a100_load(1, 20 if ns.quick else 120)
+    a100_load(ns.servers, 20 if ns.quick else 120)
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
