@@ -20,7 +20,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 
 import numpy as np
 
-from twin.metrics import SLO, summary_from_columns, twin_records
+from twin.metrics import SLO, summary_from_columns
 
 
 def _num(x: float | None) -> str:
@@ -44,6 +44,7 @@ class RecordTable(Sequence):
         self._ends = np.asarray(step_end, dtype=float)
         self._gaps: tuple | None = None
         self._rounded: tuple | None = None  # `_times`
+        self._gap_floats: tuple | None = None  # the gaps as floats, for `_record`
 
     # ---- the sequence of dicts (built on demand) ---------------------------------------
     def __len__(self) -> int:
@@ -51,12 +52,39 @@ class RecordTable(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return twin_records(self._reqs[i], self._ends)
-        return twin_records([self._reqs[i]], self._ends)[0]
+            return [self._record(j) for j in range(*i.indices(len(self._reqs)))]
+        n = len(self._reqs)
+        if not -n <= i < n:
+            raise IndexError("record index out of range")
+        return self._record(i % n)
 
     def __iter__(self) -> Iterator[dict]:
-        for r in self._reqs:
-            yield twin_records([r], self._ends)[0]
+        for i in range(len(self._reqs)):
+            yield self._record(i)
+
+    def _record(self, i: int) -> dict:
+        """`twin_records([request i], step_end)[0]`, from the table's columns: the gaps
+        are the timeline's differences (the same subtractions, rounded alike)."""
+        plans = self._plan()[0]
+        if self._gap_floats is None:
+            _, step_gaps, own_gaps = self._plan()
+            self._gap_floats = (step_gaps.tolist(), own_gaps.tolist())
+        sg, og = self._gap_floats
+        r = self._reqs[i]
+        pieces, n_out = plans[i]
+        itl: list[float] = []
+        for p in pieces:
+            if p[0] == "s":
+                itl += sg[p[1]:p[2]]
+            else:
+                itl.append(og[p[1]])
+        arrival, ttft, tpot, e2e, queue, lost = (col[i] for col in self._times())
+        return {"rid": r.rid, "arrival_s": arrival, "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens, "output_tokens": n_out,
+                "priority": r.priority, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
+                "e2e_s": e2e, "queue_s": queue, "retractions": r.retractions,
+                "preemptions": r.preemptions, "status": r.status, "error": r.error,
+                "lost_s": lost, "kv_moved_bytes": round(r.moved_bytes)}
 
     # ---- token gaps --------------------------------------------------------------------
     def _plan(self) -> tuple:
