@@ -389,3 +389,31 @@ def test_real_plan_writes_its_report(real_plan_dir, tmp_path):
     ramp = plan["ramp"]
     assert any(v is not None for v in ramp["first_break"].values()) and ramp["alerts"]
     assert text.count('"type":"rect"') >= len(ramp["alerts"])
+
+
+def test_run_without_timeseries_says_so(run_dir, tmp_path):
+    d = _copy_run(run_dir, tmp_path / "no-series")
+    (d / "timeseries.csv").unlink()
+    page = write_run_report(d).read_text()
+    assert sorted(figures(page)) == ["cdf", "classes"] and "no timeseries.csv" in page
+
+
+def test_plan_with_no_winner_shows_the_ramped_candidate(plan_dir, tmp_path):
+    """None meets the SLOs (the users' question at peak): no star, attainment bars only,
+    the ramp's candidate over time instead of a winner."""
+    import shutil
+
+    d = tmp_path / "none"
+    shutil.copytree(plan_dir, d)
+    plan = json.loads((d / "plan.json").read_text())
+    for c in plan["candidates"]:
+        c["max_load"] = {"scale": None, "rps": None}
+        if c["at_target"]:
+            c["at_target"]["meets_slo"] = False
+    plan["winner"], plan["ramp"]["candidate"] = None, "c0003"
+    (d / "plan.json").write_text(json.dumps(plan))
+    page = write_plan_report(d).read_text()
+    figs = figures(page)
+    assert not [t for t in figs["pareto"] if t["name"] == "winner"]
+    assert len(figs["capacity"]) == 1 and "no max-load bars" in page
+    assert "c0003: running requests" in page and "no candidate meets every SLO" in page

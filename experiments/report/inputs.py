@@ -24,7 +24,8 @@ class Run:
     path: Path
     records: list[dict]
     summary: dict
-    series: dict[str, dict[str, list[float | None]]]  # replica ("" for a single server) -> column
+    # replica ("" for a single server) -> column; empty without timeseries.csv (a live replay)
+    series: dict[str, dict[str, list[float | None]]]
     launch: str | None  # sglang_launch.txt, when the run wrote one
 
 
@@ -38,7 +39,9 @@ def read_run(path: Path) -> Run:
 
     records = read_records(_need(path, "requests.jsonl"))
     summary = read_json(_need(path, "summary.json"))
-    series = read_series(_need(path, "timeseries.csv"))
+    # a live replay (`servetwin live replay --out`) writes no time series: the page says so
+    series_csv = path / "timeseries.csv"
+    series = read_series(series_csv) if series_csv.is_file() else {}
     launch = path / "sglang_launch.txt"
     return Run(path, records, summary, series,
                launch.read_text(encoding="utf-8") if launch.is_file() else None)
@@ -48,7 +51,8 @@ def _need(directory: Path, name: str) -> Path:
     p = directory / name
     if not p.is_file():
         raise ReportInputError(f"{p}: missing (a `servetwin simulate --out` directory has "
-                               "requests.jsonl, summary.json and timeseries.csv)")
+                               "requests.jsonl, summary.json and timeseries.csv; a `servetwin "
+                               "live replay --out` one the first two)")
     return p
 
 

@@ -30,10 +30,11 @@ def write_run_report(run_dir: Path, html: Path | None = None) -> Path:
 
 def render_run(run: Run) -> str:
     name = run.summary.get("deployment") or run.path.name
+    live = bool((run.summary.get("engine") or {}).get("live"))
     parts = [_header(run), "<h2>Latency distributions</h2>", _cdf_figure(run.records),
              "<h2>Over time</h2>", _series_figure(run),
              "<h2>Latency per class</h2>", _class_figure(run.records), _class_table(run.records)]
-    return P.page(f"servetwin simulate report: {name}", parts)
+    return P.page(f"servetwin {'live replay' if live else 'simulate'} report: {name}", parts)
 
 
 def ok_values(records: Sequence[dict], key: str) -> list[float]:
@@ -47,6 +48,10 @@ def _header(run: Run) -> str:
     config = [f"run directory: {run.path.name}"]
     if s.get("deployment"):
         config.append(f"deployment: {s['deployment']} ({s.get('gpus', '?')} GPUs)")
+    if engine.get("live"):
+        config.append(f"live server: {engine['live']} (SGLang {engine.get('version') or '?'})")
+    if s.get("partial"):
+        config.append(f"partial run: {s['partial']}")
     if engine.get("gpu"):
         config.append(f"GPU: {engine['gpu']}; step-time backend: {engine.get('backend', '?')}")
     memory = s.get("memory") or {}
@@ -186,6 +191,9 @@ def thin_max(xs: list, ys: list, points: int = SERIES_POINTS) -> tuple[list, lis
 
 
 def _series_figure(run: Run) -> str:
+    if not run.series:
+        return ("<p class='note'>no timeseries.csv in this directory (a live replay writes "
+                "none): no time series.</p>")
     return series_figure(run, "series")
 
 
