@@ -91,6 +91,15 @@ def _open(browser, path: Path):
     return page, errors
 
 
+@pytest.fixture(scope="module")
+def opened(browser, pages):
+    """Each page opened once (a 5 MB page takes seconds to load on a busy machine)."""
+    tabs = {kind: _open(browser, path) for kind, path in pages.items()}
+    yield tabs
+    for page, _ in tabs.values():
+        page.close()
+
+
 def _not_blank(page, png: bytes) -> dict:
     return page.evaluate(_PIXELS_JS, base64.b64encode(png).decode())
 
@@ -100,18 +109,15 @@ def _not_blank(page, png: bytes) -> dict:
     ("plan", ["pareto", "capacity", "plan-cdf", "winner-series", "ramp"]),
     ("real-plan", ["pareto", "capacity", "plan-cdf", "winner-series", "ramp"]),
 ])
-def test_page_loads_with_data_in_every_chart(browser, pages, kind, charts):
-    page, errors = _open(browser, pages[kind])
-    try:
-        found = page.evaluate(_CHARTS_JS)
-        assert [c["id"] for c in found] == charts
-        for chart in found:
-            assert chart["points"] and max(chart["points"]) > 0, chart
-        pixels = _not_blank(page, page.screenshot(full_page=False))
-        assert pixels["colors"] > 50 and pixels["ink"] > 0.02, pixels
-        assert errors == []
-    finally:
-        page.close()
+def test_page_loads_with_data_in_every_chart(opened, kind, charts):
+    page, errors = opened[kind]
+    found = page.evaluate(_CHARTS_JS)
+    assert [c["id"] for c in found] == charts
+    for chart in found:
+        assert chart["points"] and max(chart["points"]) > 0, chart
+    pixels = _not_blank(page, page.screenshot(full_page=False))
+    assert pixels["colors"] > 50 and pixels["ink"] > 0.02, pixels
+    assert errors == []
 
 
 def test_a_blank_screenshot_is_judged_blank(browser):
@@ -134,21 +140,28 @@ def _numbers(values: list) -> list[float]:
     ("real-plan", "candidates", "max load (req/s)"),
     ("simulate", "class-table", "TTFT p99 (ms)"),
 ])
-def test_table_sorts_by_the_clicked_header(browser, pages, kind, table, header):
-    page, errors = _open(browser, pages[kind])
-    try:
-        headers = page.eval_on_selector_all(f"#{table} th", "hs => hs.map(h => h.textContent)")
-        col = headers.index(header)
-        before = page.evaluate(_COLUMN_JS, [table, col])
-        assert len(set(_numbers(before))) > 1  # so ascending and descending differ
-        th = page.locator(f"#{table} th").nth(col)
-        th.click()
-        asc = page.evaluate(_COLUMN_JS, [table, col])
-        assert _numbers(asc) == sorted(_numbers(before))
-        assert asc[len(_numbers(asc)):] == [""] * (len(asc) - len(_numbers(asc)))  # blanks last
-        th.click()
-        desc = _numbers(page.evaluate(_COLUMN_JS, [table, col]))
-        assert desc == sorted(_numbers(before), reverse=True)
-        assert errors == []
-    finally:
-        page.close()
+def test_table_sorts_by_the_clicked_header(opened, kind, table, header):
+    page, errors = opened[kind]
+    headers = page.eval_on_selector_all(f"#{table} th", "hs => hs.map(h => h.textContent)")
+    col = headers.index(header)
+    before = page.evaluate(_COLUMN_JS, [table, col])
+    assert len(set(_numbers(before))) > 1  # so ascending and descending differ
+    th = page.locator(f"#{table} th").nth(col)
+    th.click()
+    asc = page.evaluate(_COLUMN_JS, [table, col])
+    assert _numbers(asc) == sorted(_numbers(before))
+    assert asc[len(_numbers(asc)):] == [""] * (len(asc) - len(_numbers(asc)))  # blanks last
+    th.click()
+    desc = _numbers(page.evaluate(_COLUMN_JS, [table, col]))
+    assert desc == sorted(_numbers(before), reverse=True)
+    assert errors == []
+
+
+def test_a_script_error_is_caught(browser, tmp_path):
+    """The error listeners see a failing script (so a clean report's empty list means it)."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><div class='js-plotly-plot'><svg class='main-svg'></svg></div>"
+                   "<script>console.error('broken'); undefinedFunction();</script></body></html>")
+    page, errors = _open(browser, bad)
+    page.close()
+    assert any("undefinedFunction" in e for e in errors) and "console: broken" in errors
