@@ -417,3 +417,15 @@ def test_plan_with_no_winner_shows_the_ramped_candidate(plan_dir, tmp_path):
     assert not [t for t in figs["pareto"] if t["name"] == "winner"]
     assert len(figs["capacity"]) == 1 and "no max-load bars" in page
     assert "c0003: running requests" in page and "no candidate meets every SLO" in page
+
+
+def test_plan_says_which_listed_runs_are_missing(plan_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "gone"
+    shutil.copytree(plan_dir, d)
+    (d / "candidates" / "c0005" / "requests.jsonl").unlink()
+    page = write_plan_report(d).read_text()
+    cdf_names = {t["name"] for t in figures(page)["plan-cdf"]}
+    assert "c0005" not in cdf_names and "c0003" in cdf_names
+    assert "no requests.jsonl on disk: c0005" in page

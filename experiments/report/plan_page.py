@@ -219,8 +219,12 @@ def _best_cdfs(plan_dir: Path, plan: dict, by_id: dict) -> str:
     from plotly.subplots import make_subplots
 
     ids = best_ids(plan_dir, plan, by_id)
+    missing = [c["id"] for c in plan["candidates"] if c.get("artifacts") and c["id"] not in ids]
+    gone = ("" if not missing else "<p class='note'>" + P.esc(
+        "listed in plan.json but with no requests.jsonl on disk: " + ", ".join(missing))
+        + "</p>")
     if not ids:
-        return "<p class='note'>no candidate runs in candidates/.</p>"
+        return "<p class='note'>no candidate runs in candidates/.</p>" + gone
     groups = []
     for cid in ids:
         tag = " (winner)" if cid == plan["winner"] else ""
@@ -233,7 +237,7 @@ def _best_cdfs(plan_dir: Path, plan: dict, by_id: dict) -> str:
         fig.add_vline(x=slo * 1e3, line={"color": WIN, "dash": "dash"}, row=1, col=1)
     fig.update_layout(height=400, width=1300, margin={"t": 40})
     return ("<p class='note'>" + P.esc("; ".join(f"{cid}: {by_id[cid]['label']}" for cid in ids))
-            + "</p>" + P.figure_div(fig, "plan-cdf"))
+            + "</p>" + gone + P.figure_div(fig, "plan-cdf"))
 
 
 def shown_candidate(plan_dir: Path, plan: dict) -> dict | None:

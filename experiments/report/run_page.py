@@ -71,7 +71,9 @@ def _header(run: Run) -> str:
                 + f"; duration {s.get('duration_s', 0):.1f} s; throughput "
                 f"{tp.get('requests_per_s', 0):.3f} req/s, "
                 f"{tp.get('output_tokens_per_s', 0):.1f} output tok/s; SLO "
-                f"{slo.get('targets', {})}: attainment "
+                + (", ".join(f"{k} <= {v}" for k, v in sorted((slo.get("targets") or {})
+                                                               .items())) or "none")
+                + ": attainment "
                 + ("-" if slo.get("attainment") is None else f"{slo['attainment']:.1%}"))
         + "</p>")
     rows = [[name] + [(s.get(key) or {}).get(q) for q in ("p50", "p90", "p99", "mean")]
