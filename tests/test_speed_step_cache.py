@@ -98,3 +98,17 @@ def test_blocks_never_ask_beyond_the_quiet_limit():
         # anything asked ahead stays at or below the limit; a direct ask is the run itself
         assert all(m <= max(spy.quiet_kv_mean, run_max) for m in spy.asked[n:])
     assert max(spy.asked) <= 1000.0
+
+
+def test_memo_shared_by_the_same_backend_under_the_same_wrappers():
+    from twin.perf.step_cache import memo_for
+
+    a, b = _model("roofline", False), _model("roofline", False)
+    m = memo_for(OverlapStepTime(a))
+    assert memo_for(OverlapStepTime(a)) is m  # another replica, another run on `a`
+    assert memo_for(a) is not m and memo_for(a) is memo_for(a)
+    assert memo_for(OverlapStepTime(b)) is not m
+    # a shared memo answers for any of the equal wrappers
+    other = OverlapStepTime(a)
+    assert m.decode(7, 7 * 1500, 40).tobytes() == other.decode_times(
+        7, np.arange(7 * 1500, 7 * 1540, 7)).tobytes()

@@ -32,7 +32,7 @@ from twin.memory import KVAllocator, TokenPool
 from twin.memory_stats import fragmentation_columns
 from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
-from twin.perf.step_cache import StepTimeCache
+from twin.perf.step_cache import memo_for
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
@@ -138,7 +138,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._dt_cache: tuple = (None, 0, 0, np.empty(0))  # `_decode_times`
         # exact memo of the step times (twin/perf/step_cache.py) for a model whose answers
         # never change during the run
-        self._cache = StepTimeCache(step_time) if _time_invariant(step_time) else None
+        self._cache = memo_for(step_time) if _time_invariant(step_time) else None
+        self._cache_st = step_time  # the model the memo answers for (`self.st` may change)
 
     def _sleep(self, dur: float) -> simpy.Event | None:
         """The replica is busy for `dur` seconds: the event to wait on, or None when the
@@ -408,7 +409,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         chunks = [(ext, req.computed) for req, ext in batch]
         self.counters.prefill_tokens += sum(ext for _, ext in batch)
         cache = self._cache
-        if not decoders and cache is not None and cache.st is self.st:
+        if not decoders and cache is not None and self._cache_st is self.st:
             dur = cache.prefill(chunks) + swap_in_s
         else:
             dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
@@ -491,7 +492,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
         limit = self._next_boundary(arrivals=not cut)
         cache = self._cache
-        if cache is not None and cache.st is self.st and (kv0 + b * (k - 1)) / b <= cache.quiet:
+        if (cache is not None and self._cache_st is self.st
+                and (kv0 + b * (k - 1)) / b <= cache.quiet):
             times = cache.run(b, kv0, k, limit - now)  # bounded by the first step, as below
             k = len(times)
         else:

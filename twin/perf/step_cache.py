@@ -18,6 +18,7 @@ are the same either way).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -116,3 +117,27 @@ class StepTimeCache:
                 self._prefill.clear()
             t = self._prefill[key] = self.st.step_time(chunks, [])
         return t
+
+
+# one memo per backend object (and chain of overlap wrappers around it): the replicas of a
+# fleet, and the runs of a planner that passes the same model to every simulation, share it
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def memo_for(st: StepTimeModel) -> StepTimeCache:
+    """The memo for `st`: shared with every other model that is the same backend object
+    under the same number of `OverlapStepTime` wrappers (which add nothing but a function
+    of the backend's answers), else a memo of its own."""
+    from twin.overlap import OverlapStepTime
+
+    inner, depth = st, 0
+    while type(inner) is OverlapStepTime:
+        inner, depth = inner.inner, depth + 1
+    try:
+        per_depth = _SHARED.setdefault(inner, {})
+    except TypeError:  # not weakly referable: nothing to share by
+        return StepTimeCache(st)
+    memo = per_depth.get(depth)
+    if memo is None:
+        memo = per_depth[depth] = StepTimeCache(st)
+    return memo
