@@ -13,7 +13,8 @@ an output directory, byte-identical for the same inputs:
 - a `servetwin simulate --out DIR` directory (requests.jsonl, summary.json, timeseries.csv;
   a fleet run's per-replica columns too): the run's configuration and summary, TTFT/TPOT/E2E
   CDFs, running requests, queue length and KV use over time (a line per replica), latency
-  per priority tier, prompt-length class and replica, and the requests that were not ok;
+  per priority tier, prompt-length class and replica, and the requests that were not ok
+  (a `servetwin live replay --out` directory too: the same page without time series);
 - a `servetwin plan --out DIR` directory (it has plan.json): the Pareto fronts of cost
   against P99 TTFT and goodput with the SLO line and the winner, capacity per candidate, the
   best candidates' CDFs, the winner's queue and KV use, the load ramp with the first SLO break
@@ -27,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR", type=Path,
-                   help="a `servetwin simulate --out` or `servetwin plan --out` directory")
+                   help="a `servetwin simulate --out`, `servetwin live replay --out` or "
+                   "`servetwin plan --out` directory")
     p.add_argument("--html", metavar="FILE", type=Path,
                    help="where to write the page (default DIR/report.html)")
     p.set_defaults(func=run, _parser=p)
