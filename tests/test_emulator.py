@@ -271,3 +271,24 @@ def test_cli_refuses_bad_flags(flags, msg):
     res = subprocess.run([sys.executable, "-m", "servetwin", "emulate", *flags],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and msg in res.stderr
+
+
+def test_cli_serves_on_loopback_and_ctrl_c_stops_it():
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "servetwin", "emulate", "--port", "0",
+                             "--model-path", "meta-llama/Llama-3.1-8B", "--tp-size", "1",
+                             "--step-time-backend", "roofline"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        banner = [proc.stdout.readline(), proc.stdout.readline()]
+        assert banner[1].startswith("ready: http://127.0.0.1:"), banner
+        url = banner[1].split()[1]
+        assert call(url + "/health")[0] == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -49,6 +49,7 @@ from twin.workload import Request
 # run of whole blocks (SGLang matches single tokens; a block of 16 loses < 16 per match).
 BLOCK = 16
 LATENESS_SAMPLES = 100_000
+SERIES_KEEP = 3600  # the replica's per-second samples kept (an hour of simulated time)
 
 
 class WallClockEnv(simpy.Environment):
@@ -220,10 +221,10 @@ class Engine:
         while True:
             try:
                 self._advance(self.sim_now())
+                wait = self.wall_of(self._next_due()) - time.perf_counter()
             except Exception as exc:  # the model itself failed: stop, say why, stay up
                 self._fail(f"{type(exc).__name__}: {exc}")
                 return
-            wait = self.wall_of(self._next_due()) - time.perf_counter()
             self._kick.clear()
             if self._pending and self._pending[0][0] <= self.sim_now():
                 wait = 0.0
@@ -267,7 +268,18 @@ class Engine:
         self._publish(self._pub_now())
         if self._aborting:
             self._aborting = [t for t in self._aborting if not self._try_abort(t)]
-        self.rep.finished.clear()  # the engine keeps what it needs: memory stays bounded
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep memory bounded on a server that runs for days: the replica's records of
+        finished requests, its folded step-end blocks (only records read them) and all
+        but the last hour of its per-second samples go."""
+        rep = self.rep
+        rep.finished.clear()
+        if rep._end_blocks:
+            rep._end_blocks.clear()
+        if len(rep.series) > 2 * SERIES_KEEP:
+            del rep.series[:-SERIES_KEEP]
 
     def _pub_now(self) -> float:
         """Now on the simulated clock, but not past the next event (not yet stepped)."""

@@ -382,12 +382,6 @@ class EmulatorThread:
         asyncio.run_coroutine_threadsafe(self.emulator.start(), self.loop).result(30)
         return self.emulator
 
-    def call(self, fn, *args):
-        """Run `fn(*args)` on the emulator's loop (its state is that thread's)."""
-        async def run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
-
     def __exit__(self, *exc) -> None:
         asyncio.run_coroutine_threadsafe(self.emulator.stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
