@@ -267,7 +267,8 @@ def _ramp(plan: dict) -> str:
 
     ramp = plan.get("ramp")
     if not ramp:
-        return "<p class='note'>no ramp in this plan (run with --no-ramp, or no candidate to ramp).</p>"
+        return ("<p class='note'>no ramp in this plan (run with --no-ramp, or no candidate to "
+                "ramp).</p>")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], subplot_titles=[
         "P99 per load step", "P99 TTFT per window (shaded: while the alert fires)"])
     steps = ramp["steps"]
