@@ -292,3 +292,31 @@ def test_cli_serves_on_loopback_and_ctrl_c_stops_it():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_emulator_exports_what_the_twins_registry_exports(em):
+    """One dashboard for both: every family `twin.monitoring.sglang_registry` gives a twin
+    run, the emulator exports with the same type and label names."""
+    from prometheus_client import generate_latest
+
+    from twin.monitoring import sglang_registry
+    from twin.workload import from_spec
+
+    res = simulate(from_spec("arrival=poisson,rate=5,n=10,prompt=fixed:100,output=fixed:8", 0),
+                   CFG, SLO(1.5))
+    gauges = {"sglang:num_running_reqs": 0.0, "sglang:num_queue_reqs": 0.0,
+              "sglang:token_usage": 0.0, "memory_pressure_score": 0.0,
+              "kv_external_fragmentation": 0.0}
+    reg = sglang_registry(list(res.records), gauges, capacity_tokens=1000, max_running=10,
+                          model_name=CFG.args.model_path)
+    twin = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    gen(em, input_ids=[11] * 20, sampling_params={"max_new_tokens": 3})
+    ours = _families(em)
+    for name, fam in twin.items():
+        assert name in ours, name
+        assert ours[name].type == fam.type, name
+        assert _labels(ours[name]) >= _labels(fam), name
+
+
+def _labels(fam) -> set[str]:
+    return {k for s in fam.samples for k in s.labels} - {"le"}

@@ -146,6 +146,7 @@ class Engine:
         self.lateness_s: deque[float] = deque(maxlen=LATENESS_SAMPLES)
         self.counts = {"requests": 0, "finished": 0, "aborted": 0}
         self.tokens_out = 0  # tokens published, every request
+        self.batch_seconds, self._batch_t = 0.0, 0.0  # integral of the running batch size
         self._started = False
 
     # ---- the clock ----------------------------------------------------------------------
@@ -254,6 +255,7 @@ class Engine:
             t_in = self._pending[0][0] if self._pending else math.inf
             if min(t_ev, t_in) > now:
                 break
+            self._integrate(min(t_ev, t_in))
             if t_in <= t_ev:
                 _, _, ticket = heapq.heappop(self._pending)
                 env.hand_in_at(t_in)
@@ -280,6 +282,12 @@ class Engine:
             rep._end_blocks.clear()
         if len(rep.series) > 2 * SERIES_KEEP:
             del rep.series[:-SERIES_KEEP]
+
+    def _integrate(self, t: float) -> None:
+        """Running requests x time, for `batch_efficiency` (a time average)."""
+        if t > self._batch_t:
+            self.batch_seconds += len(self.rep.running) * (t - self._batch_t)
+            self._batch_t = t
 
     def _pub_now(self) -> float:
         """Now on the simulated clock, but not past the next event (not yet stepped)."""

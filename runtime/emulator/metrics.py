@@ -10,8 +10,11 @@ histograms `sglang:time_to_first_token_seconds`, `e2e_request_latency_seconds`,
 `sglang:num_running_reqs`, `num_queue_reqs`, `token_usage`, `num_used_tokens`,
 `kv_used_tokens`, `kv_available_tokens`, `kv_evictable_tokens`, `cache_hit_rate`,
 `gen_throughput`, `new_token_ratio`, `num_retracted_reqs`, `max_total_num_tokens`,
-`context_len`, `page_size`. Every time is on the emulated server's clock (simulated
-seconds: at `--speed F` a client's wall clock sees 1/F of them).
+`context_len`, `page_size`. The users' metrics under the names `twin.monitoring` exports
+for a twin run: `queue_duration_seconds` (histogram), `memory_pressure_score`,
+`kv_external_fragmentation`, `radix_sharing_ratio`, `batch_efficiency`. Every time is on
+the emulated server's clock (simulated seconds: at `--speed F` a client's wall clock sees
+1/F of them).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ GAUGES = {
     "max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
     "context_len": "Maximum context length.",
     "page_size": "KV cache page size in tokens.",
+}
+
+OURS_DOCS = {
+    "memory_pressure_score": "servetwin: allocated KV tokens over the pool's capacity.",
+    "kv_external_fragmentation": "servetwin: 1 - largest free run / free KV tokens.",
+    "radix_sharing_ratio": "servetwin: cached prompt tokens over prompt tokens.",
+    "batch_efficiency": "servetwin: mean running requests over max_running_requests.",
 }
 
 
@@ -86,6 +96,11 @@ class EmulatorMetrics:
                                "seconds.", SCHED, buckets=QUEUE_BUCKETS, registry=reg)
         self.prompt_total = self.cached_total = 0
         self._tp_mark = (0.0, 0)  # (simulated time, tokens out) at the last scrape
+        # the users' metrics, under the names twin.monitoring exports for the twin
+        self.queue_duration = Histogram("queue_duration_seconds", "servetwin: time in the "
+                                        "waiting queue (every round), seconds.",
+                                        ("engine_type", "model_name"), buckets=QUEUE_BUCKETS,
+                                        registry=reg)
         reg.register(_SchedulerGauges(self))
 
     def _sched(self) -> dict[str, str]:
@@ -111,6 +126,8 @@ class EmulatorMetrics:
         self.prompt_total += r.prompt_tokens
         self.cached_total += r.cached_tokens
         self.queue.labels(**sched).observe(r.queued_s)
+        self.queue_duration.labels(engine_type="unified", model_name=self.model).observe(
+            r.queued_s)
         first = t.token_s[0] if t.token_s else r.finish_s
         self.ttft.labels(**lab).observe(first - r.arrival_s)
         self.e2e.labels(**lab).observe(r.finish_s - r.arrival_s)
@@ -143,6 +160,23 @@ class EmulatorMetrics:
             "context_len": cap.context_len, "page_size": cap.page_size,
         }
 
+    def ours(self) -> dict[str, float]:
+        """The users' gauges (docs/monitoring.md): memory pressure (allocated KV over the
+        pool), external fragmentation, the radix sharing ratio (cached over prompt tokens of
+        the finished requests) and batch efficiency (the time-average running batch over
+        max_running_requests), each over the run so far."""
+        eng = self.engine
+        st, cap = eng.rep.alloc.stats(), eng.rep.cap
+        now = eng.env.now
+        return {
+            "memory_pressure_score": st.allocated / cap.max_total_num_tokens,
+            "kv_external_fragmentation": st.external_fragmentation,
+            "radix_sharing_ratio": self.cached_total / self.prompt_total if self.prompt_total
+            else 0.0,
+            "batch_efficiency": eng.batch_seconds / now / cap.max_running_requests
+            if now > 0 else 0.0,
+        }
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -159,6 +193,11 @@ class _SchedulerGauges:
         for name, doc in GAUGES.items():
             fam = GaugeMetricFamily(f"sglang:{name}", doc, labels=list(labels))
             fam.add_metric(list(labels.values()), float(values[name]))
+            yield fam
+        ours = {"engine_type": "unified", "model_name": self.m.model}
+        for name, value in self.m.ours().items():
+            fam = GaugeMetricFamily(name, OURS_DOCS[name], labels=list(ours))
+            fam.add_metric(list(ours.values()), float(value))
             yield fam
         fam = GaugeMetricFamily("sglang:num_retracted_reqs", "The number of retracted "
                                 "requests.", labels=[*labels, "pid"])
