@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import urllib.request
@@ -88,6 +89,27 @@ def throughput(n: int, conc: int) -> None:
                   f"per request ({4 * n / cpu:,.0f} tokens per CPU-second)")
 
 
+PROBE = """
+import json, sys, time
+import numpy as np
+late, end = [], time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    t = time.perf_counter()
+    time.sleep(0.01)
+    late.append(time.perf_counter() - t - 0.01)
+a = np.asarray(late) * 1e3
+print(json.dumps({"p50": round(float(np.percentile(a, 50)), 3),
+                  "p99": round(float(np.percentile(a, 99)), 3), "max": round(float(a.max()), 3)}))
+"""
+
+
+def machine_probe(seconds: float) -> subprocess.Popen:
+    """A process that only sleeps 10 ms at a time: how late this machine wakes a process
+    up, the floor under any emulator's lateness."""
+    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+
 def a100_load(n_servers: int, n_requests: int) -> None:
     spec = A100_LOAD.format(n=n_requests)
     print(f"\n2. {n_servers} emulator(s) at speed 1, each replaying {spec} (default "
@@ -98,9 +120,14 @@ def a100_load(n_servers: int, n_requests: int) -> None:
         em.start()
     try:
         c0 = [cpu_seconds(em.proc.pid) for em in with_ems]
+        probe = machine_probe(work.requests[-1].arrival_s + 5)
         t0 = time.perf_counter()
         results = asyncio.run(_replays([em.url for em in with_ems], work))
         wall = time.perf_counter() - t0
+        floor = json.loads(probe.communicate()[0])
+        print(f"   this machine wakes a sleeping process late by P50 {floor['p50']} ms, P99 "
+              f"{floor['p99']} ms, max {floor['max']} ms meanwhile (load average "
+              f"{os.getloadavg()[0]:.1f})")
         for i, (em, res) in enumerate(zip(with_ems, results, strict=True)):
             cpu = cpu_seconds(em.proc.pid) - c0[i]
             late = server_info(em.url)["emulated"]["lateness_ms"]

@@ -77,7 +77,11 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _serve(em) -> None:
+    import gc
+
     url = await em.start()
+    gc.collect()
+    gc.freeze()  # start-up's objects (step-time tables, modules) out of the collector's way
     cap = em.cap
     print(f"emulating {cap.model.name} on {cap.tp_size}x {em.cfg.gpu} (step-time backend "
           f"{em.engine.backend}; KV pool {cap.max_total_num_tokens} tokens, context "
