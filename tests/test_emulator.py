@@ -320,3 +320,32 @@ def test_the_emulator_exports_what_the_twins_registry_exports(em):
 
 def _labels(fam) -> set[str]:
     return {k for s in fam.samples for k in s.labels} - {"le"}
+
+
+def test_a_full_batch_streams_every_token_of_its_longer_decode_runs():
+    """With the batch full the replica plans decode runs of many steps at once (nothing
+    could be admitted before one ends); the engine still streams each token at its own
+    step end, and the third request runs when a slot frees."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B", tp_size=1,
+                                    context_length=8192, max_running_requests=2),
+                    gpu="h100-sxm-80gb", step_time_backend="roofline")
+    with EmulatorThread(Emulator(cfg, SPEED)) as em2:
+        em2.engine.rep.step_log = []  # before any request: the loop only appends to it
+
+        def one(i: int) -> list:
+            return gen(em2, input_ids=[20 + i] * 50, stream=True,
+                       sampling_params={"max_new_tokens": 30})[1]
+
+        with ThreadPoolExecutor(3) as pool:
+            streams = list(pool.map(one, range(3)))
+        stamps = list(em2.engine.lateness_s)
+        runs = [e[3] for e in em2.engine.rep.step_log if e[0] == "decode"]
+        assert em2.engine.failed is None
+    assert max(runs) > 1  # the path this test is about was taken
+    for evs in streams:
+        assert evs[-1] == "[DONE]"
+        assert [e["meta_info"]["completion_tokens"] for e in evs[:-1]] == list(range(1, 31))
+        assert evs[-2]["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(stamps) == 90
