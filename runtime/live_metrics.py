@@ -18,7 +18,7 @@ import json
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from twin.errors import ConfigError
@@ -153,15 +153,19 @@ def live_gauges(rows: list[dict]) -> dict[str, tuple[list[float], list[float | N
 class RunData:
     """A run directory read back: records, sampled gauges, the request budget."""
 
-    kind: str  # "twin" or "live"
+    kind: str  # "twin", "fleet" or "live"
     records: list[dict]
     gauges: dict = field(default_factory=dict)
     max_running: int | None = None
     totals: dict = field(default_factory=dict)  # live: counter deltas over the replay
+    replicas: list = field(default_factory=list)  # fleet: twin.fleet_alerts.ReplicaView
 
 
-def load_run(path: Path | str) -> RunData:
-    """A `servetwin simulate --out` or `servetwin live replay --out` directory."""
+def load_run(path: Path | str, deployment: str | None = None) -> RunData:
+    """A `servetwin simulate --out` (one server or `--deployment`) or `servetwin live
+    replay --out` directory. A fleet's replica capacities and budgets come from its
+    summary's `alerts` section, else from `deployment` (a file or preset; default: the
+    summary's `deployment` when that is a preset)."""
     from twin.metrics import SERIES_FIELDS, read_records
 
     d = Path(path)
@@ -169,6 +173,8 @@ def load_run(path: Path | str) -> RunData:
         raise ConfigError(f"{d}: no requests.jsonl (an --out directory of `servetwin "
                           "simulate` or `servetwin live replay` expected)")
     records = read_records(d / "requests.jsonl")
+    if _is_fleet(d / "timeseries.csv"):
+        return _fleet_run(d, records, deployment)
     if (d / "timeseries.csv").is_file():
         from twin.monitoring import twin_gauges
 
@@ -188,6 +194,51 @@ def load_run(path: Path | str) -> RunData:
     info = _json(d / "server_info_after.json") if (d / "server_info_after.json").is_file() \
         else {}
     return RunData("live", records, gauges, max_running_of(info), totals)
+
+
+def _is_fleet(p: Path) -> bool:
+    if not p.is_file():
+        return False
+    with p.open(encoding="utf-8") as fh:
+        return fh.readline().startswith("replica,")
+
+
+def _fleet_run(d: Path, records: list[dict], deployment: str | None) -> RunData:
+    """A fleet's directory: every replica's series (timeseries.csv's `replica` column)."""
+    from twin.fleet_alerts import ReplicaView
+    from twin.metrics import SERIES_FIELDS
+    from twin.monitoring import twin_gauges
+
+    summary = _json(d / "summary.json") if (d / "summary.json").is_file() else {}
+    known = (summary.get("alerts") or {}).get("replicas")
+    if deployment is None and isinstance(known, dict) and known:
+        views = [ReplicaView(n, v["pool"], v["kind"], v["capacity_tokens"],
+                             v.get("max_running_requests")) for n, v in known.items()]
+    else:
+        views = _spec_views(d, summary, deployment)
+    rows = _csv_rows(d / "timeseries.csv", ("replica", *SERIES_FIELDS), first_text=True)
+    series: dict[str, list[tuple]] = {v.name: [] for v in views}
+    for i, row in enumerate(rows, 2):
+        if row[0] not in series:
+            raise ConfigError(f"{d / 'timeseries.csv'}:{i}: replica {row[0]!r} is not in "
+                              f"the deployment ({', '.join(series)})")
+        series[row[0]].append(row[1:])
+    views = [replace(v, gauges=twin_gauges(series[v.name], SERIES_FIELDS, v.capacity_tokens))
+             for v in views]
+    return RunData("fleet", records, replicas=views)
+
+
+def _spec_views(d: Path, summary: dict, deployment: str | None) -> list:
+    from twin.fleet import load_spec
+    from twin.fleet_alerts import spec_views
+    from twin.fleet_presets import PRESETS
+
+    name = deployment or summary.get("deployment")
+    if deployment is None and name not in PRESETS:
+        raise ConfigError(f"{d}: a fleet run without an alerts section (run with --alerts) "
+                          f"and deployment {name!r} is not a preset: give --deployment FILE "
+                          "(the run's deployment: its replicas' capacities and budgets)")
+    return spec_views(load_spec(name))
 
 
 def max_running_of(info: dict) -> int | None:
@@ -220,7 +271,9 @@ def _jsonl(p: Path) -> list[dict]:
     return rows
 
 
-def _csv_rows(p: Path, fields: tuple) -> list[tuple]:
+def _csv_rows(p: Path, fields: tuple, first_text: bool = False) -> list[tuple]:
+    """The rows of a series CSV as numbers (an empty cell: None; `first_text`: the first
+    column, a fleet's replica name, kept as text)."""
     with p.open(encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh)
         head = tuple(next(reader, ()))
@@ -229,8 +282,22 @@ def _csv_rows(p: Path, fields: tuple) -> list[tuple]:
                               f"{', '.join(fields)}")
         rows = []
         for i, row in enumerate(reader, 2):
-            try:
-                rows.append(tuple(float(x) for x in row))
-            except ValueError:
-                raise ConfigError(f"{p}:{i}: a value is not a number") from None
+            if len(row) != len(fields):
+                raise ConfigError(f"{p}:{i}: {len(row)} columns; expected {len(fields)}")
+            cells = [_cell(p, i, f, x) for f, x in zip(fields[first_text:], row[first_text:],
+                                                        strict=True)]
+            rows.append(tuple(row[:1] + cells if first_text else cells))
         return rows
+
+
+# columns a vLLM replica leaves empty in a fleet's series
+_MAY_BE_EMPTY = ("new_token_ratio", "kv_internal_fragmentation", "kv_external_fragmentation")
+
+
+def _cell(p: Path, line: int, name: str, text: str) -> float | None:
+    if text == "" and name in _MAY_BE_EMPTY:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{p}:{line}: {name} {text!r}: not a number") from None

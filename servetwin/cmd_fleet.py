@@ -61,23 +61,66 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
             print(f"simulating {len(workload.requests)} requests on {len(spec.replicas)} "
                   "replicas ...", file=sys.stderr, flush=True)
 
-    res = simulate_fleet(spec, workload, slo, horizon_s=ns.horizon,
-                         debug_checks=ns.debug_checks, on_start=started)
+    from servetwin.cmd_alerts import simulate_rules
+
+    rules = simulate_rules(ns)  # --alerts: per replica and for the fleet
+    if rules:
+        res, alerts, note = _with_alerts(spec, workload, slo, ns, rules, started)
+    else:
+        res = simulate_fleet(spec, workload, slo, horizon_s=ns.horizon,
+                             debug_checks=ns.debug_checks, on_start=started)
     if ns.out:
         res.write(ns.out)
+        if rules:
+            from twin.alerts import alerts_jsonl
+            from twin.outputs import atomic_write_text
+
+            atomic_write_text(ns.out / "alerts.jsonl", alerts_jsonl(alerts))
     if ns.json:
         print(json.dumps(res.summary, indent=2, default=str))
     else:
         print(format_fleet(res.summary))
+        if rules:
+            from servetwin.cmd_alerts import format_alerts
+
+            if note:
+                print(note)
+            print(format_alerts(alerts))
         if ns.out:
             print(f"wrote {ns.out}/requests.jsonl (with replica, pool, attempts), summary.json, "
-                  "timeseries.csv (a replica column)")
+                  "timeseries.csv (a replica column)" + (", alerts.jsonl" if rules else ""))
     if res.interrupted:
         from servetwin.cmd_simulate import interrupted_note
 
         print(interrupted_note(res.interrupted, res.records, ns.out), file=sys.stderr)
         return 130
     return 0
+
+
+def _with_alerts(spec, workload, slo, ns: argparse.Namespace, rules: list, started):
+    """The fleet run of `--alerts`: a defragment rule sets each SGLang replica's
+    defrag_threshold where its spec has none; compactions are logged per replica."""
+    import simpy
+
+    from servetwin.cmd_alerts import attach_fleet_alerts, defrag_threshold
+    from twin.fleet import build_fleet, run_deployment
+
+    thr = defrag_threshold(rules)
+    if thr is not None:
+        spec = replace(spec, replicas=[
+            replace(r, twin=(*r.twin, ("defrag_threshold", thr)))
+            if r.engine == "sglang" and "defrag_threshold" not in dict(r.twin) else r
+            for r in spec.replicas])
+    dep = build_fleet(simpy.Environment(), spec, workload, ns.horizon,
+                      debug_checks=ns.debug_checks)
+    for w in dep.workers:
+        if hasattr(w.replica, "compaction_log"):
+            w.replica.compaction_log = []
+    started()
+    res = run_deployment(dep, slo)
+    res.summary["deployment"] = spec.name
+    alerts, note = attach_fleet_alerts(rules, res, ns.alert_window, ns.burn_scale)
+    return res, alerts, note
 
 
 def describe(spec) -> str:

@@ -151,9 +151,6 @@ def run(ns: argparse.Namespace) -> int:
     if ns.deployment or ns.fault:
         if not ns.deployment:
             raise ConfigError("--fault needs --deployment (faults name a fleet's replicas)")
-        if ns.alerts:
-            raise ConfigError("--alerts: evaluated in single-server runs only (not with "
-                              "--deployment yet)")
         from servetwin.cmd_fleet import run as run_fleet
 
         return run_fleet(ns, DEFAULT_WORKLOAD)
@@ -174,7 +171,8 @@ def run(ns: argparse.Namespace) -> int:
     progress = Progress(len(workload.requests))
     result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules))
     progress.close()
-    alerts = attach_alerts(rules, result, ns.alert_window) if rules else []
+    alerts, note = attach_alerts(rules, result, ns.alert_window, ns.burn_scale) if rules \
+        else ([], None)
     if ns.out:
         result.write(ns.out)
         _write_launch(ns.out, cfg)
@@ -190,6 +188,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"step-time backend: {result.backend}")
         print(format_summary(result.summary))
         if rules:
+            if note:
+                print(note)
             print(format_alerts(alerts))
         if ns.out:
             print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv, "

@@ -181,11 +181,6 @@ def test_the_defragment_rule_is_the_defrag_threshold(tmp_path):
     assert comp["count"] == len(comp["times_s"])
 
 
-def test_alerts_with_a_fleet_are_refused(capsys):
-    assert main(["simulate", "--deployment", "finance-hybrid", "--alerts", "default"]) != 0
-    assert "--alerts: evaluated in single-server runs only" in capsys.readouterr().err
-
-
 def test_bad_command_lines_name_the_flag(tmp_path, capsys):
     assert main(["alerts", "rules", "--rules", str(tmp_path / "none.yml")]) == 2
     assert "--rules " in capsys.readouterr().err

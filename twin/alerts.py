@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from twin.errors import ConfigError
@@ -210,9 +210,15 @@ class Alert:
     end_s: float | None
     peak: float
     action: str | None = None
+    replica: str | None = None  # a fleet's: the replica's name, or "fleet" (fleet-wide)
+    pool: str | None = None  # a fleet's: the replica's pool (None for "fleet")
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """As JSON; a single server's alerts leave out the fleet's `replica` and `pool`."""
+        d = asdict(self)
+        if self.replica is None:
+            del d["replica"], d["pool"]
+        return d
 
 
 def needs_series(rule: Rule) -> bool:
@@ -229,17 +235,56 @@ def evaluate(rules: Sequence[Rule], records: Sequence[dict], series: dict | None
     if missing:
         raise ConfigError(f"alert rules {', '.join(missing)} read a sampled series the run "
                           "does not have (give the run's timeseries or scraped metrics)")
+    end = evaluation_end(records, series, t_end)
+    windows = metric_windows(records, series, max_running, window_s, end)
+    return evaluate_windows(rules, windows, records, window_s, end)
+
+
+def evaluation_end(records: Sequence[dict], series: dict | None = None,
+                   t_end: float | None = None) -> float:
+    """Where `evaluate` ends a run: `t_end`, or the last record event, and no earlier than
+    the last sample of `series`."""
     end = run_end(records) if t_end is None else t_end
     if series:
         end = max([end] + [ts[-1] for ts, _ in series.values() if ts])
-    windows = metric_windows(records, series, max_running, window_s, end)
+    return end
+
+
+def evaluate_windows(rules: Sequence[Rule], windows: dict[str, list[Window]],
+                     records: Sequence[dict], window_s: float, t_end: float) -> list[Alert]:
+    """`evaluate` over windows already computed (`metric_windows`, or a fleet's
+    aggregate): threshold rules read `windows`, burn-rate rules the records."""
     out: list[Alert] = []
     for rule in rules:
         if rule.kind == "threshold":
             out += threshold_alerts(rule, windows[rule.metric])
         else:
-            out += burn_alerts(rule, records, window_s, end)
+            out += burn_alerts(rule, records, window_s, t_end)
     return out
+
+
+# ---- burn-rate windows scaled to a run ------------------------------------------------
+def scale_burn(rules: Sequence[Rule], factor: float) -> list[Rule]:
+    """`rules` with every burn-rate rule's long and short windows multiplied by `factor`."""
+    return [replace(r, long_window_s=r.long_window_s * factor,
+                    short_window_s=r.short_window_s * factor)
+            if r.kind == "burn_rate" and factor != 1 else r for r in rules]
+
+
+def auto_burn_scale(rules: Sequence[Rule], run_s: float) -> float:
+    """The scale at which the longest burn-rate window of `rules` spans a run of `run_s`
+    seconds (4 significant digits, at most 1: a run of 6 h or more keeps SRE's windows);
+    1 when no rule is a burn-rate rule."""
+    longest = max((r.long_window_s for r in rules if r.kind == "burn_rate"), default=None)
+    if not longest or run_s <= 0:
+        return 1.0
+    return min(1.0, float(f"{run_s / longest:.4g}"))
+
+
+def burn_windows(rules: Sequence[Rule]) -> dict[str, list[float]]:
+    """{rule: [long_window_s, short_window_s]} of the burn-rate rules (for the summary)."""
+    return {r.name: [round(r.long_window_s, 6), round(r.short_window_s, 6)]
+            for r in rules if r.kind == "burn_rate"}
 
 
 def threshold_alerts(rule: Rule, windows: Sequence[Window]) -> list[Alert]:
@@ -313,14 +358,14 @@ def alerts_jsonl(alerts: Sequence[Alert]) -> str:
 
 
 # ---- Prometheus export ------------------------------------------------------------------
-_HISTOGRAMS = {"ttft": ("sglang:time_to_first_token_seconds", TTFT_BUCKETS),
+HISTOGRAMS = {"ttft": ("sglang:time_to_first_token_seconds", TTFT_BUCKETS),
                "e2e": ("sglang:e2e_request_latency_seconds", E2E_BUCKETS),
                "itl": ("sglang:inter_token_latency_seconds", ITL_BUCKETS),
                "tpot": ("sglang:request_time_per_output_token_seconds", ITL_BUCKETS),
                "queue": ("sglang:queue_time_seconds", QUEUE_BUCKETS)}
 
 
-def _dur(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """A PromQL duration: whole seconds (Prometheus accepts e.g. 90s)."""
     s = max(1, round(seconds))
     return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
@@ -328,10 +373,10 @@ def _dur(seconds: float) -> str:
 
 def promql(metric: str, window_s: float, max_running: int | None = None) -> str:
     """The PromQL expression of a windowed metric over SGLang's (or the twin's) names."""
-    w = _dur(window_s)
+    w = duration(window_s)
     if metric in RECORD_METRICS[:len(LATENCIES) * 2]:
         base, q = metric.rsplit("_p", 1)
-        name = _HISTOGRAMS[base][0]
+        name = HISTOGRAMS[base][0]
         return (f"histogram_quantile({int(q) / 100}, sum by (le) "
                 f"(rate({name}_bucket[{w}])))")
     return {
@@ -351,15 +396,15 @@ def promql(metric: str, window_s: float, max_running: int | None = None) -> str:
 def bucket_at_or_above(metric: str, threshold_s: float) -> float:
     """The smallest bucket bound of SGLang's histogram for `metric` >= `threshold_s` (a
     Prometheus rule can only count observations below a bucket bound)."""
-    buckets = _HISTOGRAMS[metric][1]
+    buckets = HISTOGRAMS[metric][1]
     return next((float(b) for b in buckets if b >= threshold_s), math.inf)
 
 
 def burn_promql(rule: Rule, lookback_s: float) -> str:
-    name = _HISTOGRAMS[rule.metric][0]
+    name = HISTOGRAMS[rule.metric][0]
     le = bucket_at_or_above(rule.metric, rule.threshold)
     le_s = "+Inf" if math.isinf(le) else repr(le)
-    w = _dur(lookback_s)
+    w = duration(lookback_s)
     return (f"(1 - sum(rate({name}_bucket{{le=\"{le_s}\"}}[{w}])) / "
             f"sum(rate({name}_count[{w}]))) / {round(1 - rule.objective, 6)}")
 
@@ -376,7 +421,7 @@ def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
             expr = f"{promql(r.metric, window_s, max_running)} > {r.threshold}"
             item = {"alert": r.name, "expr": expr}
             if r.windows > 1:
-                item["for"] = _dur((r.windows - 1) * window_s)
+                item["for"] = duration((r.windows - 1) * window_s)
         else:
             expr = (f"({burn_promql(r, r.long_window_s)}) > {r.factor} and "
                     f"({burn_promql(r, r.short_window_s)}) > {r.factor}")
@@ -390,5 +435,5 @@ def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
             labels["action"] = r.action
         item.update(labels=labels, annotations=ann)
         out.append(item)
-    doc = {"groups": [{"name": "servetwin", "interval": _dur(window_s), "rules": out}]}
+    doc = {"groups": [{"name": "servetwin", "interval": duration(window_s), "rules": out}]}
     return yaml.safe_dump(doc, sort_keys=False, width=10**6)

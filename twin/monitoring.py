@@ -224,8 +224,10 @@ def twin_gauges(series: Sequence[tuple], fields: Sequence[str],
     """The twin's `timeseries.csv` rows as sampled gauges by metric name: memory pressure
     (allocated KV over capacity), the eviction rate (net decrease of the radix cache's
     tokens per second between samples; a lower bound: what is evicted and re-inserted
-    within one sample interval is not seen), external fragmentation, running requests."""
-    col = {f: [row[i] for row in series] for i, f in enumerate(fields)}
+    within one sample interval is not seen), external fragmentation (None where the
+    replica has none: a vLLM replica's cells), running requests."""
+    col = {f: [row[i] if i < len(row) else None for row in series]  # vLLM's rows are short
+           for i, f in enumerate(fields)}
     t = [float(x) for x in col["t_s"]]
     alloc = col["kv_allocated_tokens"]
     cached = col["radix_cached_tokens"]
@@ -236,10 +238,16 @@ def twin_gauges(series: Sequence[tuple], fields: Sequence[str],
     return {
         "memory_pressure_score": (t, [a / capacity_tokens for a in alloc]),
         "kv_eviction_rate": (t, evict),
-        "kv_external_fragmentation": (t, [float(x) for x in col["kv_external_fragmentation"]]),
+        "kv_external_fragmentation": (t, [_num(x) for x in col["kv_external_fragmentation"]]),
         "num_running_reqs": (t, [float(x) for x in col["running"]]),
         "num_queue_reqs": (t, [float(x) for x in col["waiting"]]),
     }
+
+
+def _num(x) -> float | None:
+    """A series cell as a number; None where the replica has no such column (vLLM's
+    fragmentation)."""
+    return None if x is None or x == "" else float(x)
 
 
 def metric_windows(records: Sequence[dict], gauges: dict | None = None,

@@ -1,0 +1,263 @@
+"""Alert rules over a fleet: per replica and for the fleet as a whole.
+
+A fleet run (twin/fleet.py) writes one record per request tagged with its `replica` and
+`pool`, and one sampled series per replica. `evaluate_fleet` runs each rule once per
+replica (that replica's records and series, its own request budget and pool capacity:
+what a Prometheus rule `by (instance)` sees when it scrapes each SGLang server) and once
+for the fleet (every record: what the clients see), with the windows of all scopes on
+one grid from time 0 to the fleet's end. Every alert names its replica, or `fleet`.
+
+The fleet-wide value of each metric (docs/monitoring.md):
+- latency quantiles, burn rates, `radix_sharing_ratio`: over every record (requests the
+  router could not place included: clients saw them);
+- `batch_efficiency`: the running requests of every replica over the sum of their budgets;
+- `memory_pressure_score`: the replicas' window means weighted by their capacity (sum of
+  allocated KV over the sum of the pools); `num_running_reqs`, `num_queue_reqs`,
+  `kv_eviction_rate`: summed. A replica samples only while it schedules, so in a window
+  where it has no sample it counts with its last window's value (a gauge holds while
+  nothing happens; 0 before its first sample);
+- `kv_external_fragmentation` and every `defragment` rule: per replica only (one
+  allocator's property; compaction is a replica's).
+
+`prometheus_fleet_rules` writes the same split as a Prometheus rules file: each rule `by
+(instance)` (label `scope: replica`) and, where a fleet-wide value exists, summed over the
+instances (`scope: fleet`). Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from twin.alerts import (
+    HISTOGRAMS,
+    Alert,
+    Rule,
+    bucket_at_or_above,
+    duration,
+    evaluate_windows,
+    needs_series,
+)
+from twin.monitoring import LATENCIES, Window, metric_windows, run_end, series_windows
+
+FLEET = "fleet"
+# how a gauge's fleet-wide window value is formed from the replicas' (None: per replica only)
+GAUGE_AGG = {"memory_pressure_score": "capacity", "num_running_reqs": "sum",
+             "num_queue_reqs": "sum", "kv_eviction_rate": "sum",
+             "kv_external_fragmentation": None}
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """What the rules read of one replica: its name and pool, its engine kind, the KV pool's
+    capacity in tokens, its request budget, and its sampled gauges (`twin_gauges`)."""
+
+    name: str
+    pool: str
+    kind: str
+    capacity_tokens: int
+    max_running: int | None
+    gauges: dict = field(default_factory=dict, compare=False)
+
+
+def fleet_scoped(rule: Rule) -> bool:
+    """Whether `rule` also has a fleet-wide value (every rule has a per-replica one)."""
+    if rule.action == "defragment":
+        return False
+    return rule.kind == "burn_rate" or GAUGE_AGG.get(rule.metric, "records") is not None
+
+
+def fleet_end(records: Sequence[dict], replicas: Sequence[ReplicaView]) -> float:
+    """The fleet's last moment: a record's last event or any replica's last sample."""
+    ends = [ts[-1] for v in replicas for ts, _ in v.gauges.values() if ts]
+    return max([run_end(records), *ends])
+
+
+def fleet_budget(replicas: Sequence[ReplicaView]) -> int | None:
+    budgets = [v.max_running for v in replicas]
+    return sum(budgets) if budgets and all(budgets) else None
+
+
+def evaluate_fleet(rules: Sequence[Rule], records: Sequence[dict],
+                   replicas: Sequence[ReplicaView], window_s: float = 60.0,
+                   t_end: float | None = None) -> list[Alert]:
+    """The alerts of `rules` for the fleet (`replica="fleet"`) and for each replica, in rule
+    order, then the fleet before the replicas (in the deployment's order), then time."""
+    end = fleet_end(records, replicas) if t_end is None else t_end
+    scoped = [r for r in rules if fleet_scoped(r)]
+    out: list[tuple[int, int, Alert]] = []
+    order = {r.name: i for i, r in enumerate(rules)}
+    if scoped:
+        windows = fleet_windows(records, replicas, window_s, end)
+        for a in evaluate_windows(scoped, windows, records, window_s, end):
+            out.append((order[a.rule], 0, replace(a, replica=FLEET)))
+    for k, v in enumerate(replicas, 1):
+        mine = [r for r in records if r.get("replica") == v.name]
+        windows = metric_windows(mine, v.gauges or None, v.max_running, window_s, end)
+        usable = [r for r in rules if not needs_series(r) or r.metric in windows]
+        for a in evaluate_windows(usable, windows, mine, window_s, end):
+            out.append((order[a.rule], k, replace(a, replica=v.name, pool=v.pool)))
+    out.sort(key=lambda x: (x[0], x[1]))  # stable: each scope's alerts stay in time order
+    return [a for _, _, a in out]
+
+
+def fleet_windows(records: Sequence[dict], replicas: Sequence[ReplicaView],
+                  window_s: float, t_end: float) -> dict[str, list[Window]]:
+    """Every metric's fleet-wide windows (see the module doc)."""
+    out = metric_windows(records, None, fleet_budget(replicas), window_s, t_end)
+    for name, how in GAUGE_AGG.items():
+        if how is not None:
+            out[name] = _aggregate(replicas, name, how, window_s, t_end)
+    return out
+
+
+def _aggregate(replicas: Sequence[ReplicaView], name: str, how: str, window_s: float,
+               t_end: float) -> list[Window]:
+    per = [(v, series_windows(*v.gauges[name], window_s, t_end)) for v in replicas
+           if name in v.gauges]
+    if not per:
+        return []
+    held = [0.0] * len(per)
+    out = []
+    for k, w in enumerate(per[0][1]):
+        n = 0
+        for i, (_, ws) in enumerate(per):
+            if ws[k].value is not None:
+                held[i] = ws[k].value
+            elif name == "kv_eviction_rate":
+                held[i] = 0.0  # nothing sampled: nothing evicted
+            n += ws[k].n
+        if how == "capacity":
+            caps = [v.capacity_tokens for v, _ in per]
+            value = sum(h * c for h, c in zip(held, caps, strict=True)) / sum(caps)
+        else:
+            value = sum(held)
+        out.append(Window(w.start_s, w.end_s, round(value, 6), n))
+    return out
+
+
+def replica_views(deployment, gauges_of) -> list[ReplicaView]:
+    """The views of a finished `twin.cluster.Deployment`'s replicas; `gauges_of(series,
+    capacity_tokens)` turns a replica's series into its gauges."""
+    out = []
+    for w in deployment.workers:
+        cap = w.replica.cap
+        out.append(ReplicaView(w.name, w.pool, w.kind, cap.max_total_num_tokens,
+                               cap.max_running_requests,
+                               gauges_of(w.replica.series, cap.max_total_num_tokens)))
+    return out
+
+
+# ---- Prometheus: each rule by instance and over the fleet -------------------------------
+RANK0 = '{tp_rank="0"}'  # SGLang exports its pool gauges once per TP rank
+
+
+def fleet_promql(metric: str, window_s: float, by: str | None,
+                 max_running: int | None = None) -> str | None:
+    """A windowed metric's PromQL per `by` label (e.g. "instance") or, with `by=None`, over
+    the whole fleet (None: the metric has no fleet-wide value in this form)."""
+    w, agg = duration(window_s), (f"sum by ({by}) " if by else "sum ")
+    if metric[:-4] in LATENCIES and metric[-4:-2] == "_p":
+        name = HISTOGRAMS[metric[:-4]][0]
+        lab = f"le, {by}" if by else "le"
+        return (f"histogram_quantile({int(metric[-2:]) / 100}, sum by ({lab}) "
+                f"(rate({name}_bucket[{w}])))")
+    running = f"{agg}(avg_over_time(sglang:num_running_reqs{RANK0}[{w}]))"
+    if metric == "batch_efficiency":
+        if max_running and by:
+            return f"{running} / {max_running}"
+        if max_running:
+            return f"{running} / ({max_running} * count(sglang:max_total_num_tokens{RANK0}))"
+        return f"avg by ({by}) (avg_over_time(batch_efficiency[{w}]))" if by else None
+    if metric == "kv_external_fragmentation":
+        return f"max by ({by}) (max_over_time(kv_external_fragmentation[{w}]))" if by else None
+    return {
+        "radix_sharing_ratio": f"{agg}(rate(sglang:cached_tokens_total[{w}])) / "
+                               f"{agg}(rate(sglang:prompt_tokens_total[{w}]))",
+        "memory_pressure_score": f"1 - {agg}(avg_over_time(sglang:kv_available_tokens{RANK0}"
+                                 f"[{w}])) / {agg}(sglang:max_total_num_tokens{RANK0})",
+        "kv_eviction_rate": f"{agg}(avg_over_time(kv_eviction_rate[{w}]))",
+        "num_running_reqs": running,
+        "num_queue_reqs": f"{agg}(avg_over_time(sglang:num_queue_reqs{RANK0}[{w}]))",
+    }[metric]
+
+
+def _burn(rule: Rule, lookback_s: float, by: str | None) -> str:
+    name = HISTOGRAMS[rule.metric][0]
+    le = bucket_at_or_above(rule.metric, rule.threshold)
+    le_s = "+Inf" if le == float("inf") else repr(le)
+    w, agg = duration(lookback_s), (f"sum by ({by}) " if by else "sum ")
+    return (f"(1 - {agg}(rate({name}_bucket{{le=\"{le_s}\"}}[{w}])) / "
+            f"{agg}(rate({name}_count[{w}]))) / {round(1 - rule.objective, 6)}")
+
+
+def _fleet_item(rule: Rule, window_s: float, by: str | None,
+                max_running: int | None) -> dict | None:
+    if rule.kind == "threshold":
+        q = fleet_promql(rule.metric, window_s, by, max_running)
+        if q is None:
+            return None
+        item = {"alert": rule.name, "expr": f"{q} > {rule.threshold}"}
+        if rule.windows > 1:
+            item["for"] = duration((rule.windows - 1) * window_s)
+    else:
+        item = {"alert": rule.name, "expr": f"({_burn(rule, rule.long_window_s, by)}) > "
+                f"{rule.factor} and ({_burn(rule, rule.short_window_s, by)}) > {rule.factor}"}
+    labels = {"severity": rule.severity, "scope": "replica" if by else FLEET}
+    if rule.action:
+        labels["action"] = rule.action
+    what = f"on {{{{ $labels.{by} }}}}" if by else "over the fleet"
+    ann = {"summary": f"{rule.description or rule.name} ({what})"}
+    if rule.kind == "burn_rate" and bucket_at_or_above(rule.metric, rule.threshold) \
+            != rule.threshold:
+        ann["note"] = (f"SGLang's {rule.metric} histogram has no {rule.threshold} s bucket: "
+                       f"the rule counts observations over "
+                       f"{bucket_at_or_above(rule.metric, rule.threshold)} s")
+    item.update(labels=labels, annotations=ann)
+    return item
+
+
+def prometheus_fleet_rules(rules: Sequence[Rule], window_s: float = 60.0,
+                           max_running: int | None = None, by: str = "instance") -> str:
+    """A Prometheus rules file for a fleet: every rule per `by` label and, where the metric
+    has a fleet-wide value (`fleet_scoped`), over the fleet; `max_running` is one server's
+    budget (the fleet's: that times the number of servers)."""
+    import yaml
+
+    out = []
+    for r in rules:
+        per = _fleet_item(r, window_s, by, max_running)
+        if per is not None:
+            out.append(per)
+        whole = _fleet_item(r, window_s, None, max_running) if fleet_scoped(r) else None
+        if whole is not None:
+            out.append(whole)
+    doc = {"groups": [{"name": "servetwin-fleet", "interval": duration(window_s), "rules": out}]}
+    return yaml.safe_dump(doc, sort_keys=False, width=10**6)
+
+
+__all__ = ["FLEET", "GAUGE_AGG", "ReplicaView", "evaluate_fleet",
+           "fleet_end", "fleet_scoped", "fleet_windows", "prometheus_fleet_rules",
+           "replica_views"]
+
+
+def spec_views(spec) -> list[ReplicaView]:
+    """Views (without series) of a `twin.fleet.FleetSpec`'s replicas: each one's capacity
+    and request budget, derived as the fleet derives them."""
+    from twin.config import ServerArgs, derive_capacity
+    from twin.errors import ConfigError, ServetwinError
+
+    out = []
+    for r in spec.replicas:
+        try:
+            if r.engine == "vllm":
+                from twin.vllm_replica import VllmArgs, vllm_kind
+
+                cap = vllm_kind(VllmArgs(**dict(r.server_args)), r.gpu, r.step_time_backend)[0]
+            else:
+                cap = derive_capacity(ServerArgs(**dict(r.server_args)), r.gpu)
+        except (TypeError, ServetwinError) as exc:
+            raise ConfigError(f"replica {r.name}: {exc}") from None
+        out.append(ReplicaView(r.name, r.pool, r.engine, cap.max_total_num_tokens,
+                               cap.max_running_requests))
+    return out
