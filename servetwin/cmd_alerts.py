@@ -280,6 +280,10 @@ def simulate_rules(ns: argparse.Namespace) -> list:
     """The rules of `--alerts` (empty without it); a defragment rule over the KV
     fragmentation becomes `--defrag-threshold` when that was not given."""
     if not ns.alerts:
+        given = [f for f, on in (("--burn-scale", ns.burn_scale != AUTO),
+                                 ("--alert-window", ns.alert_window != 60.0)) if on]
+        if given:
+            raise ConfigError(f"{given[0]}: only with --alerts (FILE or default)")
         return []
     burn_scale_arg(ns.burn_scale)  # refuse a bad value before the run
     rules = rules_from(ns.alerts, ns.slo_ttft, ns.alert_window, "--alerts")

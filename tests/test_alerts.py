@@ -192,3 +192,34 @@ def test_bad_command_lines_name_the_flag(tmp_path, capsys):
     assert main(["simulate", "--alerts", str(tmp_path / "bad.yml")]) == 2
     err = capsys.readouterr().err
     assert "--alerts " in err and "not YAML or JSON" in err
+
+
+def test_burn_scale_auto_spans_the_run_and_is_stored(tmp_path, capsys):
+    from twin.alerts import auto_burn_scale, scale_burn
+
+    rules = default_rules()
+    assert auto_burn_scale(rules, 1200.0) == 0.05556  # 1200 / 21600, 4 digits
+    assert auto_burn_scale(rules, 10 * 3600.0) == 1.0  # never stretched past SRE's
+    assert auto_burn_scale(rules[:2], 1200.0) == 1.0  # no burn-rate rule: nothing to scale
+    fast = scale_burn(rules, 0.05556)[2]
+    assert (fast.long_window_s, fast.short_window_s) == (3600 * 0.05556, 300 * 0.05556)
+    assert scale_burn(rules, 0.5)[0] == rules[0]  # threshold rules untouched
+    out = tmp_path / "run"
+    assert main(["simulate", "--workload", SPEC, "--alerts", "default", "--alert-window",
+                 "10", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    s = json.loads((out / "summary.json").read_text())["alerts"]
+    assert s["burn_scale_from"] == "auto"
+    assert s["burn_scale"] == auto_burn_scale(rules, s["run_s"]) < 1
+    assert s["burn_windows_s"]["ttft_slo_slow_burn"][0] == pytest.approx(s["run_s"], rel=1e-3)
+    assert f"burn-rate windows x{s['burn_scale']:g} (auto" in printed
+    assert main(["alerts", "eval", str(out), "--window", "10", "--burn-scale", "1",
+                 "--json"]) == 0
+    unscaled = json.loads(capsys.readouterr().out)
+    assert unscaled["burn_scale_from"] == "given"
+    assert unscaled["burn_windows_s"]["ttft_slo_fast_burn"] == [3600.0, 300.0]
+    assert main(["simulate", "--alerts", "default", "--burn-scale", "fast"]) == 2
+    assert "--burn-scale 'fast': allowed values: a positive number or 'auto'" in \
+        capsys.readouterr().err
+    assert main(["alerts", "rules", "--burn-scale", "auto"]) == 2
+    assert "--burn-scale 'auto': allowed values: a positive number" in capsys.readouterr().err
