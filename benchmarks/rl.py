@@ -10,6 +10,10 @@ environment's speed (decisions per CPU-second with random actions) and the shipp
 policy's training cost from its sidecar.
 
     python benchmarks/rl.py [--policy learned:finance-qa] [--episodes 8] [--loads 1.0 1.5]
+        [--heuristics deadline:documents deadline:laxity shortest-prefill-first]
+
+`--heuristics` restricts the comparison to those labels (a smaller, faster variant); for a
+selector the benchmark also prints how often it chose each menu rule.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import datetime
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +30,42 @@ import numpy as np
 from calibration.profiles import machine
 from experiments.rl.config import preset
 from experiments.rl.env import SchedulingEnv, capacity_of
-from experiments.rl.evaluate import evaluate_spec, heuristic_specs, mean_stats
-from twin.policy import read_spec
+from experiments.rl.evaluate import evaluate_policy, evaluate_spec, heuristic_specs, mean_stats
+from twin.policy import build_policy, read_spec
 
 BENCH_SEED_BASE = 2_000_000
 COLS = ("slo_attainment", "slo_short", "slo_documents", "ttft_attainment_flat",
         "p99_ttft_short_s", "p99_ttft_documents_s", "return")
 
 
-def compare(cfg, policy: str, load: float, seeds: list[int], cv: float) -> dict[str, dict]:
+def compare(cfg, policy: str, load: float, seeds: list[int], cv: float,
+            only: list[str] | None = None) -> tuple[dict[str, dict], Counter]:
+    """Each policy's mean statistics, and how often the learned selector chose each rule."""
     opts = {"load": load, "burst_cv": cv}
-    rows = {"learned": mean_stats(evaluate_spec(cfg, read_spec(policy), seeds, opts))}
-    for label, spec in heuristic_specs(cfg).items():
-        rows[label] = mean_stats(evaluate_spec(cfg, spec, seeds, opts))
-    return rows
+    chosen: Counter = Counter()
+
+    def counted():
+        pol = build_policy(read_spec(policy))
+        if getattr(pol, "kind", None) == "selector":
+            pick = pol.choice
+
+            def choice(snap):
+                c = pick(snap)
+                chosen[pol.menu[c]] += 1
+                return c
+            pol.choice = choice
+        return pol
+
+    rows = {"learned": mean_stats(evaluate_policy(cfg, counted, seeds, opts))}
+    specs = heuristic_specs(cfg)
+    unknown = sorted(set(only or ()) - set(specs))
+    if unknown:
+        raise SystemExit(f"--heuristics {' '.join(unknown)}: allowed values: "
+                         f"{', '.join(specs)}")
+    for label, spec in specs.items():
+        if only is None or label in only:
+            rows[label] = mean_stats(evaluate_spec(cfg, spec, seeds, opts))
+    return rows, chosen
 
 
 def table(rows: dict[str, dict]) -> str:
@@ -60,6 +87,8 @@ def comparisons(rows: dict[str, dict]) -> list[str]:
     old = {k: v for k, v in heur.items() if not k.startswith("deadline")}
     out = []
     for what, pool in (("best heuristic", heur), ("best heuristic before deadline", old)):
+        if not pool:
+            continue
         for metric in ("slo_attainment", "return"):
             best = max(pool, key=lambda k: pool[k][metric])
             a, b = rows["learned"][metric], pool[best][metric]
@@ -89,6 +118,11 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--loads", type=float, nargs="+", default=[1.0, 1.5])
     ap.add_argument("--burst-cv", type=float, default=2.0)
+    ap.add_argument("--heuristics", nargs="+", default=None, metavar="LABEL",
+                    help="compare against these heuristics only (labels as in the table; "
+                         "default: every heuristic of the registry)")
+    ap.add_argument("--no-speed", action="store_true",
+                    help="skip the environment-speed measurement")
     ap.add_argument("--live", action="store_true",
                     help="also the comparison on the CPU SGLang server and its calibrated "
                          "twin (experiments/rl/live.py)")
@@ -151,13 +185,18 @@ def twin_comparison(ns) -> None:
           f"CV {ns.burst_cv}; {ns.episodes} episodes per load (seeds {seeds[0]}..{seeds[-1]})")
     print(f"SLO: {cfg.targets.to_json()}; policy {ns.policy}")
     for load in ns.loads:
-        rows = compare(cfg, ns.policy, load, seeds, ns.burst_cv)
+        rows, chosen = compare(cfg, ns.policy, load, seeds, ns.burst_cv, ns.heuristics)
         print(f"\n## load {load:.0%} of capacity\n\n{table(rows)}\n")
+        if chosen:
+            total = sum(chosen.values())
+            print("learned policy's choices: " + ", ".join(
+                f"{r} {n} ({n / total:.1%})" for r, n in chosen.most_common()) + "\n")
         for line in comparisons(rows):
             print(line)
-    speed, steps = env_speed(cfg, 4)
-    print(f"\nenvironment speed: {speed:,.0f} decisions per CPU-second ({steps} decisions, "
-          f"4 episodes, random actions)")
+    if not ns.no_speed:
+        speed, steps = env_speed(cfg, 4)
+        print(f"\nenvironment speed: {speed:,.0f} decisions per CPU-second ({steps} "
+              f"decisions, 4 episodes, random actions)")
     spec = read_spec(ns.policy)
     sidecar = Path(spec.params.get("weights", "")).with_suffix(".json")
     if sidecar.is_file():

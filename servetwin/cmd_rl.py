@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "again with the same --out to resume.")
     t.add_argument("--out", required=True, type=Path, help="output directory")
     t.add_argument("--env", default="finance-qa", choices=["finance-qa", "finance-qa-capped", "finance-qa-hold",
-                            "finance-qa-admit", "tiny", "tiny-hold"],
+                            "finance-qa-admit", "finance-qa-admit-v2",
+                            "finance-qa-deadline-v2", "tiny", "tiny-hold", "tiny-v2"],
                    help="environment preset (default finance-qa: the users' deployment)")
     t.add_argument("--timesteps", type=int, default=20_000, help="total decisions to train")
     t.add_argument("--n-envs", type=int, default=2, help="environments per rollout")

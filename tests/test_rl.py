@@ -128,7 +128,7 @@ def small_model(steps: int, seed: int = 0, config: str = "tiny"):
     return model, env
 
 
-@pytest.mark.parametrize("config", ["tiny", "tiny-hold"])
+@pytest.mark.parametrize("config", ["tiny", "tiny-hold", "tiny-v2"])
 def test_exported_policy_decides_as_the_network(tmp_path, config):
     """Same features, same choice; with the hold menu also the same plan (order and
     admission) as the environment applied."""
@@ -155,7 +155,7 @@ def test_exported_policy_decides_as_the_network(tmp_path, config):
             held += any(env.episode.held.rule_plan(snap, c).admit is not None
                         for c in range(env.action_space.n))
     assert total > 20 and agree == total
-    if config == "tiny-hold":
+    if config != "tiny":
         assert held > 0  # the menu withholds admission on some of these passes
 
 
@@ -231,3 +231,60 @@ def test_selector_file_carries_its_chunk_cap(tmp_path):
     check_policy(capped)
     assert (tmp_path / "p.safetensors").read_bytes() == export_selector(
         layers, TINY, tmp_path / "q.safetensors").read_bytes()  # same input, same bytes
+
+
+def test_pass_v2_features_are_pass_v1_plus_the_deadline_rules_view():
+    """pass-v2 = pass-v1 + what the deadline policy's grouping sees, on real passes."""
+    from twin.policy.features import SLACK_FIELDS, pass_features
+    from twin.policy.menu import deadline_policy
+
+    cfg = preset("tiny-v2")
+    env = SchedulingEnv(cfg)
+    n1 = len(feature_names())
+    assert len(feature_names(features="pass-v2")) == n1 + len(SLACK_FIELDS)
+    assert env.observation_space.shape == (n1 + len(SLACK_FIELDS),)
+    names = feature_names(features="pass-v2")
+    seen_docs = 0
+    for seed in (5, 6):
+        obs_list, _, _, snaps = rollout(env, seed, actions_seed=seed)
+        for obs, snap in zip(obs_list, snaps, strict=False):
+            v1 = pass_features(snap, cfg.targets).astype(np.float32)
+            assert np.array_equal(obs[:n1], v1)
+            g = deadline_policy("laxity", cfg.targets).groups(snap)
+            f = dict(zip(names, obs, strict=True))
+            for key in ("kept", "hopeless", "overdue"):
+                assert f[f"log_{key}_documents"] == np.float32(np.log1p(len(g[key])) / 4)
+            assert f["log_ok_short"] == np.float32(np.log1p(len(g["ok"])) / 6)
+            docs = g["kept"] + g["hopeless"] + g["overdue"]
+            if docs:
+                seen_docs += 1
+                want = np.clip(min(g["slack"][i] for i in docs) / 60, -1, 1)
+                assert f["min_document_slack"] == np.float32(want)
+    assert seen_docs > 5  # the slack features were exercised, not all zero
+
+
+def test_weight_file_names_its_feature_set(tmp_path):
+    """A pass-v2 file computes pass-v2; the shipped pass-v1 file still loads as pass-v1;
+    an unknown feature set is refused with the allowed values."""
+    from experiments.rl.export import export_selector
+
+    rng = np.random.default_rng(1)
+    cfg = preset("tiny-v2")
+    n_in = len(feature_names(features="pass-v2"))
+    layers = [(rng.normal(size=(8, n_in)), rng.normal(size=8)),
+              (rng.normal(size=(len(cfg.menu), 8)), rng.normal(size=len(cfg.menu)))]
+    pol = LearnedPolicy(weights=str(export_selector(layers, cfg, tmp_path / "v2.safetensors")))
+    assert pol.features == "pass-v2"
+    check_policy(pol)
+    with pytest.raises(ValueError, match=r"expected w \(n, 74\)"):  # v2 weights as v1
+        LearnedPolicy(weights=str(export_selector(layers, preset("tiny-hold"),
+                                                  tmp_path / "v1.safetensors")))
+    shipped = build_policy(read_spec("learned:finance-qa"))
+    assert shipped.features == "pass-v1"
+    bad = {"meta": {"kind": "selector", "features": "pass-v9", "menu": ["spf"]},
+           "layers": [{"w": [[0.0] * len(feature_names())], "b": [0.0]}]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="pass-v9.*allowed values: pass-v1, pass-v2"):
+        LearnedPolicy(weights=str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="feature set"):
+        preset("tiny", features="pass-v9")

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from twin.config import ServerArgs
-from twin.policy.features import K_SLOTS, SloTargets
-from twin.policy.menu import MENU
+from twin.policy.features import K_SLOTS, SloTargets, check_feature_set
+from twin.policy.menu import ALL_RULES, MENU
 from twin.sim import SimConfig
 from twin.workload import Request, SegmentIds, Workload
 
@@ -75,6 +75,8 @@ class EnvConfig:
     targets: SloTargets = field(default_factory=SloTargets)
     menu: tuple[str, ...] = MENU
     k_slots: int = K_SLOTS
+    #: the observation's feature set (twin/policy/features.py: pass-v1, pass-v2)
+    features: str = "pass-v1"
     #: SGLang's shortest-prefill-first chunk cap on top of every order (live: a server
     #: started with --schedule-policy shortest-prefill-first)
     chunk_cap: bool = False
@@ -88,6 +90,13 @@ class EnvConfig:
     #: the episode ends at last arrival + drain_factor x (n / capacity); the rest abort
     drain_factor: float = 1.5
 
+    def __post_init__(self) -> None:
+        check_feature_set(self.features)
+        bad = [m for m in self.menu if m not in ALL_RULES]
+        if bad or not self.menu:
+            raise ValueError(f"menu {list(self.menu)}: entries must be among "
+                             f"{', '.join(ALL_RULES)}")
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["targets"] = self.targets.to_json()
@@ -99,7 +108,8 @@ class EnvConfig:
                else v for k, v in d["family"].items()}
         return cls(deployment=DeploymentSpec(**d["deployment"]), family=FamilySpec(**fam),
                    targets=SloTargets.from_json(d["targets"]), menu=tuple(d["menu"]),
-                   k_slots=d["k_slots"], chunk_cap=d.get("chunk_cap", False),
+                   k_slots=d["k_slots"], features=d.get("features", "pass-v1"),
+                   chunk_cap=d.get("chunk_cap", False),
                    prefill=tuple(d["prefill"]) if d.get("prefill") else None,
                    capacity_rps=d["capacity_rps"],
                    min_gap_s=d["min_gap_s"], drain_factor=d["drain_factor"])
@@ -119,10 +129,17 @@ TINY = EnvConfig(
 HOLD_MENU = ("spf", "deadline", "hold-hopeless", "laxity", "hold-documents")
 #: the withholding modes alone: when to hold which documents back
 ADMIT_MENU = ("laxity", "hold-documents", "hold-hopeless")
+#: every deadline variant (the four withholding modes) and spf's plain order
+DEADLINE_MENU = ("hold-documents", "laxity", "hold-hopeless", "deadline", "spf")
 PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=True),
            "finance-qa-hold": EnvConfig(menu=HOLD_MENU, chunk_cap=True),
            "finance-qa-admit": EnvConfig(menu=ADMIT_MENU, chunk_cap=True),
-           "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True)}
+           "finance-qa-admit-v2": EnvConfig(menu=ADMIT_MENU, chunk_cap=True,
+                                            features="pass-v2"),
+           "finance-qa-deadline-v2": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True,
+                                               features="pass-v2"),
+           "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True),
+           "tiny-v2": replace(TINY, menu=DEADLINE_MENU, chunk_cap=True, features="pass-v2")}
 
 
 def preset(name: str, **changes) -> EnvConfig:

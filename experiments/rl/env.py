@@ -23,6 +23,7 @@ from experiments.rl.episode import Episode, episode_stats
 from twin.config import derive_capacity
 from twin.perf import StepTimeModel
 from twin.policy.features import feature_names, pass_features
+from twin.policy.menu import prefill_params
 from twin.sim import build_replica
 from twin.sim import step_time_for as sim_step_time
 from twin.workload import Workload
@@ -62,7 +63,8 @@ class SchedulingEnv(gym.Env):
         self.cfg = preset(config, **changes) if isinstance(config, str) else config
         self.step_time = step_time_for(self.cfg)
         self.capacity = capacity_of(self.cfg)
-        n_obs = len(feature_names(self.cfg.k_slots))
+        n_obs = len(feature_names(self.cfg.k_slots, self.cfg.features))
+        self._prefill = prefill_params(self.cfg.prefill)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (n_obs,), np.float32)
         self.action_space = gym.spaces.Discrete(len(self.cfg.menu))
         self.episode: Episode | None = None
@@ -87,7 +89,8 @@ class SchedulingEnv(gym.Env):
     def _obs(self, snap) -> np.ndarray:
         if snap is None:
             return self._zero.copy()
-        return pass_features(snap, self.cfg.targets, self.cfg.k_slots).astype(np.float32)
+        return pass_features(snap, self.cfg.targets, self.cfg.k_slots, self.cfg.features,
+                             self._prefill).astype(np.float32)
 
     def step(self, action):
         ep = self.episode

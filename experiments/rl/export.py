@@ -31,7 +31,7 @@ def actor_layers(policy) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def selector_meta(cfg: EnvConfig) -> dict:
-    return {"kind": "selector", "features": "pass-v1", "k_slots": cfg.k_slots,
+    return {"kind": "selector", "features": cfg.features, "k_slots": cfg.k_slots,
             "menu": list(cfg.menu), "targets": cfg.targets.to_json(),
             "chunk_cap": cfg.chunk_cap, **({"prefill": list(cfg.prefill)} if cfg.prefill
                                            else {})}

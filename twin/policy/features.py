@@ -2,7 +2,12 @@
 
 `pass_features(snap, targets)` is a fixed-size vector computed from the `Snapshot` alone,
 so the twin's training environment and the live engine (through the plugin) compute the
-same numbers. Every entry is clipped to [-1, 1]; docs/rl.md lists them (`FEATURE_NAMES`).
+same numbers. Every entry is clipped to [-1, 1]; docs/rl.md lists them (`feature_names`).
+Two feature sets (`FEATURE_SETS`), named in every exported weight file: `pass-v1` (the
+queue, the running batch, the KV pool, the recent SLO state) and `pass-v2` (pass-v1 plus
+`SLACK_FIELDS`: what the `deadline` rules see, i.e. the counts of kept / due / hopeless /
+overdue documents, the smallest document slack and the head short question's wait, from
+the deadline policy's own grouping with the file's prefill model).
 `SloTargets` is the goal: a request meets its SLO when its TTFT is within its target (the
 tier's base, plus an allowance per prompt token for documents) and its TPOT within the
 TPOT target. Pure numpy; no clock, no engine.
@@ -26,11 +31,26 @@ QUEUE_FIELDS = ("log_waiting", "short_share", "log_uncached_total", "log_uncache
 RUN_FIELDS = ("log_running", "running_documents_share", "log_tokens_left", "kv_used",
               "kv_free", "kv_evictable", "reserved_share")
 SLO_FIELDS = ("running_ttft_missed_share", "running_ttft_over_target", "running_tpot_missed_share")
+#: pass-v2's additions: the deadline policy's view of the queue (twin/policy/deadline.py)
+SLACK_FIELDS = ("log_kept_documents", "log_due_documents", "log_hopeless_documents",
+                "log_overdue_documents", "min_document_slack", "min_kept_slack",
+                "log_ok_short", "log_late_short", "head_short_wait_over_target",
+                "short_running")
+FEATURE_SETS = ("pass-v1", "pass-v2")
+#: the slack scale (seconds): slack / SLACK_SCALE_S, clipped to [-1, 1]
+SLACK_SCALE_S = 60.0
 
 
-def feature_names(k: int = K_SLOTS) -> tuple[str, ...]:
+def check_feature_set(features: str) -> str:
+    if features not in FEATURE_SETS:
+        raise ValueError(f"feature set {features!r}: allowed values: {', '.join(FEATURE_SETS)}")
+    return features
+
+
+def feature_names(k: int = K_SLOTS, features: str = "pass-v1") -> tuple[str, ...]:
     slots = tuple(f"w{i}_{f}" for i in range(k) for f in SLOT_FIELDS)
-    return slots + QUEUE_FIELDS + RUN_FIELDS + SLO_FIELDS
+    extra = SLACK_FIELDS if check_feature_set(features) == "pass-v2" else ()
+    return slots + QUEUE_FIELDS + RUN_FIELDS + SLO_FIELDS + extra
 
 
 @dataclass(frozen=True)
@@ -113,9 +133,45 @@ def waiting_targets(snap: Snapshot, t: SloTargets) -> np.ndarray:
     return _targets(t, a["prompt"], a["prio"])
 
 
-def pass_features(snap: Snapshot, t: SloTargets, k: int = K_SLOTS) -> np.ndarray:
-    """The observation of one pass (`feature_names(k)` says what each entry is)."""
-    return np.clip(np.concatenate([_waiting(snap, t, k), _running(snap, t)]), -1.0, 1.0)
+def pass_features(snap: Snapshot, t: SloTargets, k: int = K_SLOTS,
+                  features: str = "pass-v1", prefill: dict | None = None) -> np.ndarray:
+    """The observation of one pass (`feature_names(k, features)` says what each entry is);
+    `prefill`: the deadline rules' prefill model (pass-v2; {} or None: its defaults)."""
+    parts = [_waiting(snap, t, k), _running(snap, t)]
+    if check_feature_set(features) == "pass-v2":
+        parts.append(_slack(snap, t, prefill or {}))
+    return np.clip(np.concatenate(parts), -1.0, 1.0)
+
+
+def _slack(snap: Snapshot, t: SloTargets, prefill: dict) -> np.ndarray:
+    """SLACK_FIELDS: the deadline policy's groups of the waiting queue (its `laxity`
+    mode: `due` are the kept documents whose slack is down to its margin)."""
+    from twin.policy.menu import deadline_policy  # menu and deadline import this module
+
+    out = np.zeros(len(SLACK_FIELDS))
+    pol = deadline_policy("laxity", t, prefill)
+    running_short = any(not t.is_document(r.prompt_tokens) for r in snap.running)
+    out[9] = float(running_short)
+    if not snap.waiting:
+        return out
+    g = pol.groups(snap)
+    slack = g["slack"]
+    due = [i for i in g["kept"] if slack[i] <= pol.margin_s]
+    out[0:4] = (_log(len(g["kept"]), 4), _log(len(due), 4), _log(len(g["hopeless"]), 4),
+                _log(len(g["overdue"]), 4))
+    docs = g["kept"] + g["hopeless"] + g["overdue"]
+    if docs:
+        out[4] = min(slack[i] for i in docs) / SLACK_SCALE_S
+    if g["kept"]:
+        out[5] = min(slack[i] for i in g["kept"]) / SLACK_SCALE_S
+    out[6:8] = (_log(len(g["ok"]), 6), _log(len(g["late"]), 6))
+    shorts = g["ok"] + g["late"]
+    if shorts:
+        w = snap.waiting
+        head = min(shorts, key=lambda i: (w[i].arrival_s, i))
+        target = t.ttft_target(w[head].prompt_tokens, w[head].priority)
+        out[8] = min((snap.now - w[head].arrival_s) / target, 4.0) / 4
+    return out
 
 
 def _waiting(snap: Snapshot, t: SloTargets, k: int) -> np.ndarray:

@@ -8,7 +8,8 @@ Two kinds, told apart by the weight file's metadata (`kind`):
   lower than the candidate's by more than the margin may be preempted (lowest score first,
   each credited with its future reservation, as SGLang credits victims).
 - `selector` (what `servetwin rl train` exports): the network reads the pass's features
-  (`twin.policy.features.pass_features`, with the SLO targets stored in the file) and its
+  (`twin.policy.features.pass_features`, in the feature set the file names, `features`:
+  `pass-v1` when absent; with the SLO targets stored in the file) and its
   largest output picks one rule from the menu (`twin.policy.menu`) for this pass: a
   queue order, or an order with admission withheld (`Plan.admit`; the plan rules, with
   the prefill model in the metadata's `prefill`). It never preempts. With `chunk_cap` in the metadata it also caps the running chunked
@@ -31,7 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from twin.policy.base import Plan, Policy, RequestView, Snapshot
-from twin.policy.features import K_SLOTS, SloTargets, feature_names, pass_features
+from twin.policy.features import (
+    K_SLOTS,
+    SloTargets,
+    check_feature_set,
+    feature_names,
+    pass_features,
+)
 from twin.policy.menu import ALL_RULES, prefill_params, rule_plan
 from twin.policy.registry import register
 from twin.policy.sglang import ShortestPrefillFirst
@@ -157,7 +164,11 @@ def _io_width(meta: dict, path: str) -> tuple[int, int]:
     if bad or not meta.get("menu"):
         raise ValueError(f"weights {path}: menu {meta.get('menu')}: entries must be among "
                          f"{', '.join(ALL_RULES)}")
-    return len(feature_names(int(meta.get("k_slots", K_SLOTS)))), len(meta["menu"])
+    try:
+        features = check_feature_set(meta.get("features", "pass-v1"))
+    except ValueError as exc:
+        raise ValueError(f"weights {path}: {exc}") from None
+    return len(feature_names(int(meta.get("k_slots", K_SLOTS)), features)), len(meta["menu"])
 
 
 def forward(layers: Layers, x: np.ndarray) -> np.ndarray:
@@ -188,6 +199,7 @@ class LearnedPolicy(Policy):
             if self.meta.get("chunk_cap"):
                 self.chunk_limit = ShortestPrefillFirst.chunk_limit
             self.prefill = prefill_params(self.meta.get("prefill"))
+            self.features = self.meta.get("features", "pass-v1")
         self.margin = preempt_margin
 
     @property
@@ -199,7 +211,8 @@ class LearnedPolicy(Policy):
 
     def choice(self, snap: Snapshot) -> int:
         """The selector's menu index for this pass: the largest output (first on ties)."""
-        x = pass_features(snap, self.targets, self.k).astype(np.float32).astype(np.float64)
+        x = pass_features(snap, self.targets, self.k, self.features, self.prefill)
+        x = x.astype(np.float32).astype(np.float64)
         return int(np.argmax(np.round(forward(self.layers, x[None, :])[0], 9)))
 
     def scores(self, views, snap: Snapshot, running: bool) -> np.ndarray:

@@ -82,6 +82,12 @@ def _deadline(mode: str, targets: SloTargets, prefill: tuple) -> Policy:
     return DeadlinePolicy(withhold=mode, **t, **dict(prefill))
 
 
+def deadline_policy(mode: str, targets: SloTargets, prefill: dict | None = None) -> Policy:
+    """The `deadline` policy in withholding `mode` with these targets and prefill model
+    (its keyword arguments, `prefill_params`), built once per distinct set."""
+    return _deadline(mode, targets, tuple(sorted((prefill or {}).items())))
+
+
 PREFILL_KEYS = ("s_per_chunk", "s_per_token", "s_per_token_ctx", "chunk")
 
 
@@ -104,7 +110,7 @@ def rule_plan(name: str, snap: Snapshot, t: SloTargets, prefill: dict | None = N
         return Plan(order=tuple(RULES[name](snap, t)))
     if name not in PLAN_RULES:
         raise ValueError(f"menu rule {name!r}: allowed values: {', '.join(ALL_RULES)}")
-    return _deadline(PLAN_RULES[name], t, tuple(sorted((prefill or {}).items()))).decide(snap)
+    return deadline_policy(PLAN_RULES[name], t, prefill).decide(snap)
 
 
 def targets_from(ttft_s: float, tpot_s: float | None, doc_tokens: int,
