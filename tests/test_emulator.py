@@ -331,12 +331,13 @@ def test_a_full_batch_streams_every_token_of_its_longer_decode_runs():
     cfg = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B", tp_size=1,
                                     context_length=8192, max_running_requests=2),
                     gpu="h100-sxm-80gb", step_time_backend="roofline")
-    with EmulatorThread(Emulator(cfg, SPEED)) as em2:
+    n = 150  # ~1 s of decode at speed 2: the third request certainly arrives meanwhile
+    with EmulatorThread(Emulator(cfg, 2.0)) as em2:
         em2.engine.rep.step_log = []  # before any request: the loop only appends to it
 
         def one(i: int) -> list:
             return gen(em2, input_ids=[20 + i] * 50, stream=True,
-                       sampling_params={"max_new_tokens": 30})[1]
+                       sampling_params={"max_new_tokens": n})[1]
 
         with ThreadPoolExecutor(3) as pool:
             streams = list(pool.map(one, range(3)))
@@ -346,6 +347,6 @@ def test_a_full_batch_streams_every_token_of_its_longer_decode_runs():
     assert max(runs) > 1  # the path this test is about was taken
     for evs in streams:
         assert evs[-1] == "[DONE]"
-        assert [e["meta_info"]["completion_tokens"] for e in evs[:-1]] == list(range(1, 31))
+        assert [e["meta_info"]["completion_tokens"] for e in evs[:-1]] == list(range(1, n + 1))
         assert evs[-2]["meta_info"]["finish_reason"]["type"] == "length"
-    assert len(stamps) == 90
+    assert len(stamps) == 3 * n
