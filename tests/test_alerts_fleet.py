@@ -223,3 +223,30 @@ def test_per_instance_rules_pass_promtool_and_fire_per_instance(tmp_path):
     spec.write_text(spec.read_text().replace("instance: a", "instance: b", 1))
     assert subprocess.run([tool, "test", "rules", str(spec)],
                           capture_output=True).returncode != 0
+
+
+def test_the_fleet_registry_labels_each_replica():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from twin.monitoring import ReplicaMetrics, fleet_registry, sglang_registry
+
+    a, b = tagged("a", "xx."), tagged("b", "..", per_window=3)
+    reg = fleet_registry([ReplicaMetrics("a", a, {"sglang:num_running_reqs": 2.0}, 100, 10),
+                          ReplicaMetrics("b", b, {"sglang:num_running_reqs": 5.0}, 300, 10)])
+    text = generate_latest(reg).decode()
+    assert text.count("# TYPE sglang:num_requests_total counter") == 1  # one family a name
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    reqs = {s.labels["replica"]: s.value for s in fams["sglang:num_requests"].samples
+            if s.name.endswith("_total")}
+    assert reqs == {"a": 3.0, "b": 6.0}
+    running = {s.labels["replica"]: s.value for s in fams["sglang:num_running_reqs"].samples}
+    assert running == {"a": 2.0, "b": 5.0}
+    # each replica's samples are its own server's registry, with the label added
+    alone = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in
+             text_string_to_metric_families(generate_latest(sglang_registry(
+                 a, capacity_tokens=100, max_running=10)).decode()) for s in f.samples}
+    mine = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))):
+            s.value for f in fams.values() for s in f.samples if s.labels.get("replica") == "a"
+            and s.name != "sglang:num_running_reqs"}
+    assert mine == alone

@@ -364,10 +364,54 @@ def sglang_registry(records: Sequence[dict], gauges: dict[str, float] | None = N
     out is not exported); `cache_hit_rate` and `gen_throughput` over the records' last
     `window_s` unless given, `radix_sharing_ratio` and `batch_efficiency` over the run so
     far. Render with `prometheus_client.generate_latest(registry)`."""
+    labels = {"engine_type": "unified", "model_name": model_name}
+    return _registry(_server_families(records, gauges, until_s, capacity_tokens, max_running,
+                                      labels, window_s))
+
+
+@dataclass(frozen=True)
+class ReplicaMetrics:
+    """One replica of a fleet for `fleet_registry`: its name, its records, its current
+    gauges (as `sglang_registry`'s), its pool's capacity and its request budget."""
+
+    name: str
+    records: Sequence[dict]
+    gauges: dict | None = None
+    capacity_tokens: int | None = None
+    max_running: int | None = None
+
+
+def fleet_registry(replicas: Sequence[ReplicaMetrics], *, until_s: float | None = None,
+                   model_name: str = "servetwin", window_s: float = 60.0):
+    """One registry for a fleet: every replica's `sglang_registry` metrics under a
+    `replica` label (what a Prometheus scraping each server sees with the server as a
+    target label), one family per metric name. Sum over `replica` for the fleet."""
+    merged: dict[str, object] = {}
+    for rep in replicas:
+        labels = {"engine_type": "unified", "model_name": model_name, "replica": rep.name}
+        for fam in _server_families(rep.records, rep.gauges, until_s, rep.capacity_tokens,
+                                    rep.max_running, labels, window_s):
+            if fam.name in merged:
+                merged[fam.name].samples.extend(fam.samples)
+            else:
+                merged[fam.name] = fam
+    return _registry(list(merged.values()))
+
+
+def _registry(families: list):
     from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Fixed(families))
+    return reg
+
+
+def _server_families(records: Sequence[dict], gauges: dict[str, float] | None,
+                     until_s: float | None, capacity_tokens: int | None,
+                     max_running: int | None, labels: dict, window_s: float) -> list:
+    """The metric families of one server (see `sglang_registry`), labelled `labels`."""
     from prometheus_client.core import GaugeMetricFamily
 
-    labels = {"engine_type": "unified", "model_name": model_name}
     now = run_end(records) if until_s is None else until_s
     fams = _families(records, until_s, labels)
     hit, gen = _last_window(records, now, window_s)
@@ -388,9 +432,7 @@ def sglang_registry(records: Sequence[dict], gauges: dict[str, float] | None = N
         fam = GaugeMetricFamily(name, _GAUGE_DOCS.get(name, name), labels=list(lab))
         fam.add_metric(list(lab.values()), float(g[name]))
         fams.append(fam)
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(_Fixed(fams))
-    return reg
+    return fams
 
 
 _GAUGE_DOCS = {
