@@ -49,6 +49,7 @@ from twin.workload import Request
 # run of whole blocks (SGLang matches single tokens; a block of 16 loses < 16 per match).
 BLOCK = 16
 LATENESS_SAMPLES = 100_000
+EARLY_S = 0.0015  # the driver's asyncio wait ends this early; it sleeps the rest exactly
 SERIES_KEEP = 3600  # the replica's per-second samples kept (an hour of simulated time)
 
 
@@ -229,13 +230,19 @@ class Engine:
             self._kick.clear()
             if self._pending and self._pending[0][0] <= self.sim_now():
                 wait = 0.0
-            if wait > 0:
+            if wait > EARLY_S:
                 try:
-                    await asyncio.wait_for(self._kick.wait(), min(wait, 1.0))
+                    await asyncio.wait_for(self._kick.wait(), min(wait - EARLY_S, 1.0))
                 except TimeoutError:
                     pass
             else:
                 await asyncio.sleep(0)  # let the handlers run
+            if not self._kick.is_set():
+                # the loop's timers wake up to 1 ms late (epoll's millisecond timeout):
+                # the last stretch is slept exactly
+                rest = self.wall_of(self._next_due()) - time.perf_counter()
+                if 0 < rest <= EARLY_S:
+                    time.sleep(rest)
 
     def _next_due(self) -> float:
         nxt = self.env.peek()
