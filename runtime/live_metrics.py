@@ -223,8 +223,10 @@ def _fleet_run(d: Path, records: list[dict], deployment: str | None) -> RunData:
             raise ConfigError(f"{d / 'timeseries.csv'}:{i}: replica {row[0]!r} is not in "
                               f"the deployment ({', '.join(series)})")
         series[row[0]].append(row[1:])
-    views = [replace(v, gauges=twin_gauges(series[v.name], SERIES_FIELDS, v.capacity_tokens))
-             for v in views]
+    crashes = {n: tuple(tuple(c) for c in (r or {}).get("crashes") or ())
+               for n, r in (summary.get("replicas") or {}).items()}
+    views = [replace(v, gauges=twin_gauges(series[v.name], SERIES_FIELDS, v.capacity_tokens),
+                     down=crashes.get(v.name, ())) for v in views]
     return RunData("fleet", records, replicas=views)
 
 

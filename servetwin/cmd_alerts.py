@@ -161,6 +161,10 @@ def run_eval(ns: argparse.Namespace) -> int:
     run = load_run(ns.dir, ns.deployment)
     if run.kind == "fleet":
         return _eval_fleet(ns, rules, scale, run)
+    if ns.deployment:
+        raise ConfigError(f"--deployment {ns.deployment}: {ns.dir} is a {run.kind} run of "
+                          "one server, not a fleet's (its timeseries.csv has no replica "
+                          "column); drop the flag")
     max_running = ns.max_running or run.max_running
     usable = [r for r in rules if not needs_series(r) or r.metric in run.gauges]
     skipped = [r for r in rules if r not in usable]

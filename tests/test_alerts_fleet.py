@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -66,6 +67,18 @@ def test_fleet_gauges_weight_capacity_and_hold_an_idle_replica():
     assert [x.value for x in w["memory_pressure_score"]] == [0.3, 0.3, 0.6]
     assert [x.value for x in w["num_running_reqs"]] == [6.0, 6.0, 4.0]
     assert "kv_external_fragmentation" not in w or not w["kv_external_fragmentation"]
+
+
+def test_a_crashed_replica_is_left_out_of_the_fleet_gauges():
+    # b crashed from 50 s to 130 s: windows 1 ([60, 120)) has neither its sample nor it
+    a = {"memory_pressure_score": ([0.0, 61.0, 121.0], [0.9, 0.9, 0.9]),
+         "num_running_reqs": ([0.0, 61.0, 121.0], [4.0, 4.0, 4.0])}
+    b = {"memory_pressure_score": ([0.0, 130.0], [0.1, 0.0]),
+         "num_running_reqs": ([0.0, 130.0], [2.0, 0.0])}
+    reps = [view("a", 100, gauges=a), replace(view("b", 300, gauges=b), down=((50.0, 130.0),))]
+    w = fleet_windows([], reps, 60.0, 130.0)
+    assert [x.value for x in w["memory_pressure_score"]] == [0.3, 0.9, 0.225]
+    assert [x.value for x in w["num_running_reqs"]] == [6.0, 4.0, 4.0]
 
 
 def test_defragment_is_per_replica_and_batch_efficiency_sums_the_budgets():
@@ -132,6 +145,12 @@ def test_simulate_a_fleet_with_alerts_and_eval_its_directory(tmp_path, capsys):
                  "--deployment", str(with_thr)]) == 0
     third = json.loads(capsys.readouterr().out)
     assert third["alerts"] == fired and third["windows"] == again["windows"]
+    one = tmp_path / "one"
+    assert main(["simulate", "--workload", "arrival=poisson,rate=4,n=10", "--out",
+                 str(one)]) == 0
+    capsys.readouterr()
+    assert main(["alerts", "eval", str(one), "--deployment", str(dep)]) == 2
+    assert "a twin run of one server, not a fleet's" in capsys.readouterr().err
 
 
 def test_fleet_runs_without_alerts_are_unchanged(tmp_path):

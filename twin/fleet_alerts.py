@@ -15,7 +15,8 @@ The fleet-wide value of each metric (docs/monitoring.md):
   allocated KV over the sum of the pools); `num_running_reqs`, `num_queue_reqs`,
   `kv_eviction_rate`: summed. A replica samples only while it schedules, so in a window
   where it has no sample it counts with its last window's value (a gauge holds while
-  nothing happens; 0 before its first sample);
+  nothing happens; 0 before its first sample), unless it was crashed then: a server that
+  is down answers no scrape, so it is left out (capacity included);
 - `kv_external_fragmentation` and every `defragment` rule: per replica only (one
   allocator's property; compaction is a replica's).
 
@@ -58,6 +59,7 @@ class ReplicaView:
     capacity_tokens: int
     max_running: int | None
     gauges: dict = field(default_factory=dict, compare=False)
+    down: tuple = ()  # (from, to) of each crash: the engine process was not there
 
 
 def fleet_scoped(rule: Rule) -> bool:
@@ -120,20 +122,27 @@ def _aggregate(replicas: Sequence[ReplicaView], name: str, how: str, window_s: f
     held = [0.0] * len(per)
     out = []
     for k, w in enumerate(per[0][1]):
-        n = 0
-        for i, (_, ws) in enumerate(per):
+        n, live = 0, [True] * len(per)
+        for i, (v, ws) in enumerate(per):
             if ws[k].value is not None:
                 held[i] = ws[k].value
+            elif _was_down(v.down, w.start_s, w.end_s):
+                held[i], live[i] = 0.0, False  # no scrape answers; empty after its restart
             elif name == "kv_eviction_rate":
                 held[i] = 0.0  # nothing sampled: nothing evicted
             n += ws[k].n
         if how == "capacity":
-            caps = [v.capacity_tokens for v, _ in per]
-            value = sum(h * c for h, c in zip(held, caps, strict=True)) / sum(caps)
+            caps = [v.capacity_tokens * up for (v, _), up in zip(per, live, strict=True)]
+            value = (sum(h * c for h, c in zip(held, caps, strict=True)) / sum(caps)
+                     if sum(caps) else None)
         else:
-            value = sum(held)
-        out.append(Window(w.start_s, w.end_s, round(value, 6), n))
+            value = sum(h for h, up in zip(held, live, strict=True) if up)
+        out.append(Window(w.start_s, w.end_s, None if value is None else round(value, 6), n))
     return out
+
+
+def _was_down(down: tuple, start_s: float, end_s: float) -> bool:
+    return any(lo < end_s and hi > start_s for lo, hi in down)
 
 
 def replica_views(deployment, gauges_of) -> list[ReplicaView]:
@@ -144,7 +153,8 @@ def replica_views(deployment, gauges_of) -> list[ReplicaView]:
         cap = w.replica.cap
         out.append(ReplicaView(w.name, w.pool, w.kind, cap.max_total_num_tokens,
                                cap.max_running_requests,
-                               gauges_of(w.replica.series, cap.max_total_num_tokens)))
+                               gauges_of(w.replica.series, cap.max_total_num_tokens),
+                               tuple(tuple(c) for c in w.crashes)))
     return out
 
 
