@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, type=Path, help="output directory")
     t.add_argument("--env", default="finance-qa", choices=["finance-qa", "finance-qa-capped", "finance-qa-hold",
                             "finance-qa-admit", "finance-qa-admit-v2",
-                            "finance-qa-deadline-v2", "tiny", "tiny-hold", "tiny-v2"],
+                            "finance-qa-deadline", "finance-qa-deadline-v2", "tiny", "tiny-hold", "tiny-v2"],
                    help="environment preset (default finance-qa: the users' deployment)")
     t.add_argument("--timesteps", type=int, default=20_000, help="total decisions to train")
     t.add_argument("--n-envs", type=int, default=2, help="environments per rollout")
@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-episodes", type=int, default=4, help="held-out episodes per eval")
     t.add_argument("--prior", default=None, metavar="RULE",
                    help="start the actor biased towards this menu rule (e.g. laxity)")
+    t.add_argument("--prior-logit", type=float, default=3.0,
+                   help="how far the prior rule's output bias is raised (default 3)")
     t.add_argument("--learning-rate", type=float, default=3e-4)
     t.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus")
     t.set_defaults(func=run_train, _parser=t)
@@ -46,7 +48,8 @@ def run_train(ns: argparse.Namespace) -> int:
     try:
         tc = TrainConfig(env=ns.env, timesteps=ns.timesteps, n_envs=ns.n_envs, seed=ns.seed,
                          eval_every=ns.eval_every, eval_episodes=ns.eval_episodes,
-                         prior_rule=ns.prior, learning_rate=ns.learning_rate,
+                         prior_rule=ns.prior, prior_logit=ns.prior_logit,
+                         learning_rate=ns.learning_rate,
                          ent_coef=ns.ent_coef)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -43,6 +43,7 @@ def rollout(env: SchedulingEnv, seed: int, actions_seed: int = 0, policy=None):
 def test_check_env_and_registration():
     env = SchedulingEnv("tiny")
     check_env(env, skip_render_check=True)
+    check_env(SchedulingEnv("tiny-v2"), skip_render_check=True)  # the pass-v2 observation
     made = gym.make(ENV_ID, config="tiny")
     assert made.observation_space.shape == (len(feature_names()),)
     obs, _ = made.reset(seed=3)

@@ -136,6 +136,7 @@ PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=T
            "finance-qa-admit": EnvConfig(menu=ADMIT_MENU, chunk_cap=True),
            "finance-qa-admit-v2": EnvConfig(menu=ADMIT_MENU, chunk_cap=True,
                                             features="pass-v2"),
+           "finance-qa-deadline": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True),
            "finance-qa-deadline-v2": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True,
                                                features="pass-v2"),
            "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True),
