@@ -236,8 +236,13 @@ def evaluate(rules: Sequence[Rule], records: Sequence[dict], series: dict | None
         raise ConfigError(f"alert rules {', '.join(missing)} read a sampled series the run "
                           "does not have (give the run's timeseries or scraped metrics)")
     end = evaluation_end(records, series, t_end)
-    windows = metric_windows(records, series, max_running, window_s, end)
+    windows = metric_windows(records, series, max_running, window_s, end, read_by(rules))
     return evaluate_windows(rules, windows, records, window_s, end)
+
+
+def read_by(rules: Sequence[Rule]) -> set[str]:
+    """The windowed metrics the threshold rules of `rules` read."""
+    return {r.metric for r in rules if r.kind == "threshold"}
 
 
 def evaluation_end(records: Sequence[dict], series: dict | None = None,

@@ -38,6 +38,7 @@ from twin.alerts import (
     duration,
     evaluate_windows,
     needs_series,
+    read_by,
 )
 from twin.monitoring import LATENCIES, Window, metric_windows, run_end, series_windows
 
@@ -90,13 +91,14 @@ def evaluate_fleet(rules: Sequence[Rule], records: Sequence[dict],
     out: list[tuple[int, int, Alert]] = []
     order = {r.name: i for i, r in enumerate(rules)}
     if scoped:
-        windows = fleet_windows(records, replicas, window_s, end)
+        windows = fleet_windows(records, replicas, window_s, end, read_by(scoped))
         for a in evaluate_windows(scoped, windows, records, window_s, end):
             out.append((order[a.rule], 0, replace(a, replica=FLEET)))
     for k, v in enumerate(replicas, 1):
         mine = [r for r in records if r.get("replica") == v.name]
-        windows = metric_windows(mine, v.gauges or None, v.max_running, window_s, end)
-        usable = [r for r in rules if not needs_series(r) or r.metric in windows]
+        usable = [r for r in rules if not needs_series(r) or r.metric in v.gauges]
+        windows = metric_windows(mine, v.gauges or None, v.max_running, window_s, end,
+                                 read_by(usable))
         for a in evaluate_windows(usable, windows, mine, window_s, end):
             out.append((order[a.rule], k, replace(a, replica=v.name, pool=v.pool)))
     out.sort(key=lambda x: (x[0], x[1]))  # stable: each scope's alerts stay in time order
@@ -104,11 +106,12 @@ def evaluate_fleet(rules: Sequence[Rule], records: Sequence[dict],
 
 
 def fleet_windows(records: Sequence[dict], replicas: Sequence[ReplicaView],
-                  window_s: float, t_end: float) -> dict[str, list[Window]]:
-    """Every metric's fleet-wide windows (see the module doc)."""
-    out = metric_windows(records, None, fleet_budget(replicas), window_s, t_end)
+                  window_s: float, t_end: float,
+                  only: set[str] | None = None) -> dict[str, list[Window]]:
+    """Every metric's fleet-wide windows (see the module doc); `only`: just these."""
+    out = metric_windows(records, None, fleet_budget(replicas), window_s, t_end, only)
     for name, how in GAUGE_AGG.items():
-        if how is not None:
+        if how is not None and (only is None or name in only):
             out[name] = _aggregate(replicas, name, how, window_s, t_end)
     return out
 
