@@ -350,3 +350,23 @@ def test_a_full_batch_streams_every_token_of_its_longer_decode_runs():
         assert [e["meta_info"]["completion_tokens"] for e in evs[:-1]] == list(range(1, n + 1))
         assert evs[-2]["meta_info"]["finish_reason"]["type"] == "length"
     assert len(stamps) == 3 * n
+
+
+def test_chat_completions_non_streaming_and_streaming(em):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    status, payload = call(em.url + "/v1/chat/completions",
+                           {"model": "m", "messages": msgs, "max_completion_tokens": 5})
+    out = json.loads(payload)
+    assert status == 200 and out["object"] == "chat.completion"
+    assert out["choices"][0]["message"]["role"] == "assistant"
+    assert out["choices"][0]["message"]["content"] and out["usage"]["completion_tokens"] == 5
+    status, payload = call(em.url + "/v1/chat/completions",
+                           {"messages": msgs, "max_tokens": 3, "stream": True,
+                            "stream_options": {"include_usage": True}})
+    evs = events(payload)
+    assert status == 200 and evs[-1] == "[DONE]"
+    assert evs[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert evs[2]["choices"][0]["finish_reason"] == "length"
+    assert evs[3]["usage"]["completion_tokens"] == 3
+    status, payload = call(em.url + "/v1/chat/completions", {"messages": "hi"})
+    assert status == 400 and json.loads(payload)["type"] == "Bad Request"

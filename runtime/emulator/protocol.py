@@ -248,6 +248,54 @@ def parse_completions(body: dict, vocab: int, context_len: int) -> Generate:
                     model=model if isinstance(model, str) else None)
 
 
+CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_NEW_TOKENS  # none given: SGLang's generate default
+
+
+def chat_text(messages: object, where: str) -> str:
+    """The prompt of a chat request: each message as `role: content` on its own line
+    (the emulator's stand-in for the model's chat template)."""
+    if not isinstance(messages, list) or not messages:
+        raise validation_error("{'type': 'missing', 'loc': ('body', 'messages'), 'msg': "
+                               "'Field required (a non-empty list)', 'input': {}}", where)
+    lines = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # OpenAI content parts: the text ones count
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
+                content, str | None):
+            raise validation_error(f"{{'type': 'model_type', 'loc': ('body', 'messages', {i}), "
+                                   f"'msg': 'Input should be a message with a role and "
+                                   f"content'}}", where)
+        lines.append(f"{m['role']}: {content or ''}")
+    return "\n".join(lines) + "\nassistant: "
+
+
+def parse_chat(body: dict, vocab: int, context_len: int) -> Generate:
+    """A `/v1/chat/completions` body: `messages`, `max_completion_tokens` or `max_tokens`,
+    `stream`, `stream_options.include_usage`, `model`."""
+    where = "POST /v1/chat/completions"
+    mt = body.get("max_completion_tokens") or body.get("max_tokens")
+    if mt is None:
+        mt = CHAT_DEFAULT_MAX_TOKENS
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 0:
+        raise validation_error(f"{{'type': 'value_error', 'loc': ('body', 'max_tokens'), "
+                               f"'msg': 'Value error, max_tokens must be a non-negative "
+                               f"integer', 'input': {mt!r}}}", where)
+    ids = text_ids(chat_text(body.get("messages"), where))
+    stream = bool(body.get("stream"))
+    try:
+        check_lengths(len(ids), mt, context_len)
+    except HttpError as exc:
+        exc.in_stream = exc.in_stream and stream
+        raise
+    opts = body.get("stream_options") or {}
+    model = body.get("model")
+    return Generate(ids, mt, stream, None, 0,
+                    include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+                    model=model if isinstance(model, str) else None)
+
+
 FILLER = ("the", " twin", " emulates", " an", " SGLang", " server", ";", " its", " tokens",
           " are", " filler", ",", " the", " timing", " is", " real", ".")
 

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's HTTP interface in front of the wall-clock twin (runtime/emulator/engine.py).
 
-Routes: `/generate` (POST/PUT; streaming and not), `/v1/completions` (streaming and not),
-`/v1/models`, `/health`, `/health_generate`, `/server_info` and `/get_server_info`,
+Routes: `/generate` (POST/PUT; streaming and not), `/v1/completions` and
+`/v1/chat/completions` (streaming and not), `/v1/models`, `/health`, `/health_generate`, `/server_info` and `/get_server_info`,
 `/model_info` and `/get_model_info`, `/flush_cache` (GET/POST), `/metrics`. Responses carry
 SGLang's fields; the text is filler (runtime/emulator/protocol.py). Anything a handler
 did not expect becomes a 500 with SGLang's error shape; nothing a client sends stops the
@@ -29,6 +29,7 @@ from runtime.emulator.protocol import (
     HttpError,
     filler_ids,
     filler_text,
+    parse_chat,
     parse_completions,
     parse_generate,
     parse_json,
@@ -82,6 +83,7 @@ class Emulator:
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health_generate)
@@ -170,6 +172,47 @@ class Emulator:
         out = self._cmpl(t, model, filler_text(n), "length", self._usage(t, n))
         out["metadata"] = {"weight_version": self.weight_version}
         return _json(out)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = parse_json(raw, request.headers.get("Content-Type", ""),
+                              "/v1/chat/completions")
+            g = parse_chat(body, self.vocab, self.cap.context_len)
+        except HttpError as exc:
+            return await self._refuse(request, exc)
+        if self.engine.failed:
+            return _json({"error": {"message": self._failed_text()}}, 500)
+        t = self.engine.submit(self._rid(None), g.ids, g.max_new_tokens, g.stream)
+        model = g.model or "default"
+        if g.stream:
+            def chunk(n: int, end: bool) -> dict:
+                delta = {"content": filler_text(n)[len(filler_text(n - 1)):] if n else ""}
+                if n <= 1:
+                    delta = {"role": "assistant", **delta}
+                return self._chat_obj(t, model, "chat.completion.chunk",
+                                      {"index": 0, "delta": delta, "logprobs": None,
+                                       "finish_reason": "length" if end else None})
+
+            def usage() -> list:
+                out = self._chat_obj(t, model, "chat.completion.chunk", None)
+                out["usage"] = self._usage(t, self._n(t))
+                return [out]
+
+            return await self._stream(request, t, chunk, usage if g.include_usage else None)
+        await self._wait_done(t)
+        if t.final.status != "ok":
+            return _json({"error": {"message": t.final.error}}, 500)
+        n = self._n(t)
+        out = self._chat_obj(t, model, "chat.completion", {
+            "index": 0, "message": {"role": "assistant", "content": filler_text(n)},
+            "logprobs": None, "finish_reason": "length"})
+        out["usage"] = self._usage(t, n)
+        return _json(out)
+
+    def _chat_obj(self, t: Ticket, model: str, kind: str, choice: dict | None) -> dict:
+        return {"id": t.rid, "object": kind, "created": int(self.started), "model": model,
+                "choices": [choice] if choice is not None else []}
 
     async def _refuse(self, request: web.Request, exc: HttpError) -> web.StreamResponse:
         if not exc.in_stream:
