@@ -145,6 +145,11 @@ def test_simulate_a_fleet_with_alerts_and_eval_its_directory(tmp_path, capsys):
                  "--deployment", str(with_thr)]) == 0
     third = json.loads(capsys.readouterr().out)
     assert third["alerts"] == fired and third["windows"] == again["windows"]
+    assert main(["alerts", "eval", str(out), "--window", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "fleet run, 60 records, replicas sg0, sg1" in text
+    assert "\nfleet:\n" in text and "\nsg0:\n" in text and "\nsg1:\n" in text
+    assert "  fleet: ttft_p99_three_windows [yellow]" in text
     one = tmp_path / "one"
     assert main(["simulate", "--workload", "arrival=poisson,rate=4,n=10", "--out",
                  str(one)]) == 0
@@ -182,6 +187,20 @@ def test_a_bad_fleet_series_names_file_and_line(tmp_path, capsys):
     csv.write_text("\n".join(lines) + "\n")
     assert main(["alerts", "eval", str(out)]) == 2
     assert f"{csv}:3: running 'many': not a number" in capsys.readouterr().err
+
+
+def test_per_instance_rules_from_the_command_line(capsys):
+    assert main(["alerts", "rules", "--per-instance", "--max-running", "48"]) == 0
+    rules = yaml.safe_load(capsys.readouterr().out)["groups"][0]["rules"]
+    scopes = [(r["alert"], r["labels"]["scope"]) for r in rules]
+    assert ("kv_fragmentation_defragment", "replica") in scopes
+    assert ("kv_fragmentation_defragment", "fleet") not in scopes  # per replica only
+    assert ("ttft_p99_three_windows", "fleet") in scopes
+    p99 = {r["labels"]["scope"]: r["expr"] for r in rules
+           if r["alert"] == "ttft_p99_three_windows"}
+    assert "sum by (le, instance) (rate(sglang:time_to_first_token_seconds_bucket[1m]))" \
+        in p99["replica"]
+    assert "sum by (le) (rate(" in p99["fleet"]
 
 
 def test_per_instance_rules_pass_promtool_and_fire_per_instance(tmp_path):
