@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 BURN_HELP = ("multiply every burn-rate rule's windows (the built-in 1 h/5 min and "
              "6 h/30 min, or a rules file's) by F; 'auto': the scale at which the longest "
              "burn-rate window spans the run (at most 1; a 20-minute run: 0.05556, the "
-             "slow burn's 6 h/30 min become 1200 s/100 s); the scale used is printed and stored in the "
-             "summary's alerts section")
+             "slow burn's 6 h/30 min become 1200 s/100 s); the scale used is printed and "
+             "stored (simulate: the summary's alerts section; eval: its --json)")
 
 
 def _rule_args(p: argparse.ArgumentParser, burn_default: str) -> None:
