@@ -193,7 +193,20 @@ def load_run(path: Path | str, deployment: str | None = None) -> RunData:
                             (d / "metrics_after.prom").read_text())
     info = _json(d / "server_info_after.json") if (d / "server_info_after.json").is_file() \
         else {}
-    return RunData("live", records, gauges, max_running_of(info), totals)
+    mr = max_running_of(info)
+    return RunData("live", records, gauges, mr, totals, live_replicas(records, mr))
+
+
+def live_replicas(records: list[dict], max_running: int | None) -> list:
+    """The replicas a live fleet replay's records name (`replica`, from each worker's
+    `--weight-version replica-N`), in order of name, without series (the router's
+    /metrics is not a server's); [] for a single server. Each is given the budget the
+    run's /server_info reported (the servers of `servetwin live fleet` are alike)."""
+    from twin.fleet_alerts import ReplicaView
+
+    names = sorted({r["replica"] for r in records if r.get("replica") is not None})
+    pools = {r["replica"]: r.get("pool") or "live" for r in records if r.get("replica")}
+    return [ReplicaView(n, pools[n], "sglang", 0, max_running) for n in names]
 
 
 def _is_fleet(p: Path) -> bool:

@@ -159,7 +159,7 @@ def run_eval(ns: argparse.Namespace) -> int:
     if ns.out:
         check_out_file(ns.out)
     run = load_run(ns.dir, ns.deployment)
-    if run.kind == "fleet":
+    if run.replicas:  # a simulated fleet, or a live replay through a fleet's router
         return _eval_fleet(ns, rules, scale, run)
     if ns.deployment:
         raise ConfigError(f"--deployment {ns.deployment}: {ns.dir} is a {run.kind} run of "
@@ -192,13 +192,16 @@ def run_eval(ns: argparse.Namespace) -> int:
 
 def _eval_fleet(ns: argparse.Namespace, rules: list, scale: float | None, run) -> int:
     """`alerts eval` over a fleet directory: every rule per replica and for the fleet."""
-    from twin.alerts import alerts_jsonl
+    from twin.alerts import alerts_jsonl, needs_series
     from twin.fleet_alerts import evaluate_fleet, fleet_end
     from twin.outputs import atomic_write_text
 
     if ns.max_running is not None:
         raise ConfigError("--max-running: a fleet's replicas each have their own budget "
                           "(read from the run); drop the flag")
+    skipped = [r for r in rules if needs_series(r)
+               and not any(r.metric in v.gauges for v in run.replicas)]
+    rules = [r for r in rules if r not in skipped]
     rules, info = scaled_rules(rules, scale, fleet_end(run.records, run.replicas))
     alerts = evaluate_fleet(rules, run.records, run.replicas, ns.window)
     if ns.out:
@@ -207,17 +210,22 @@ def _eval_fleet(ns: argparse.Namespace, rules: list, scale: float | None, run) -
     if ns.json:
         from twin.monitoring import windows_json
 
-        print(json.dumps({"run": "fleet", "window_s": ns.window, **info,
+        print(json.dumps({"run": run.kind, "fleet": True, "window_s": ns.window, **info,
                           "replicas": [r.name for r in run.replicas],
-                          "alerts": [a.to_json() for a in alerts], "skipped": [],
+                          "alerts": [a.to_json() for a in alerts],
+                          "skipped": [r.name for r in skipped],
                           "windows": {k: windows_json(w) for k, w in windows.items()}},
                          indent=2))
         return 0
-    print(f"{ns.dir}: fleet run, {len(run.records)} records, replicas "
+    kind = "fleet run" if run.kind == "fleet" else "live replay through a fleet"
+    print(f"{ns.dir}: {kind}, {len(run.records)} records, replicas "
           f"{', '.join(r.name for r in run.replicas)}, windows of {ns.window:g} s")
     if scale_note(info):
         print(scale_note(info))
     print(format_alerts(alerts))
+    for r in skipped:
+        print(f"not evaluated: {r.name} ({r.metric}: this run has no per-replica sampled "
+              f"{r.metric})")
     for scope, w in windows.items():
         print(f"{scope}:")
         print(format_windows(w))

@@ -15,6 +15,7 @@ from test_monitoring import rec
 
 from servetwin.cli import main
 from twin.alerts import Rule, default_rules
+from twin.errors import ConfigError
 from twin.fleet_alerts import ReplicaView, evaluate_fleet, fleet_windows, prometheus_fleet_rules
 
 pytestmark = pytest.mark.offline
@@ -87,6 +88,8 @@ def test_defragment_is_per_replica_and_batch_efficiency_sums_the_budgets():
     alerts = evaluate_fleet([rule], [], [view("a", gauges=frag), view("b")])
     assert [(a.replica, a.start_s, a.end_s, a.action) for a in alerts] == [
         ("a", 60.0, 120.0, "defragment")]
+    with pytest.raises(ConfigError, match="defrag read a sampled series no replica"):
+        evaluate_fleet([rule], [], [view("a"), view("b")])
     # 6 requests busy through window 0 on a (budget 10): a at 0.6; the fleet's budget 20
     busy = [{**rec(f"r{i}", 0.0, 1.0, 60.0), "replica": "a", "pool": "p"} for i in range(6)]
     eff = Rule("eff", "batch_efficiency", 0.5)
@@ -288,3 +291,27 @@ def test_the_fleet_registry_labels_each_replica():
             s.value for f in fams.values() for s in f.samples if s.labels.get("replica") == "a"
             and s.name != "sglang:num_running_reqs"}
     assert mine == alone
+
+
+def test_a_live_replay_through_a_fleet_is_evaluated_per_replica(tmp_path, capsys):
+    # the records of `servetwin live replay --url ROUTER` name each request's replica
+    # (`--weight-version replica-N`); the router's /metrics is no server's: no gauges
+    from twin.metrics import write_records
+
+    records = [{k: v for k, v in r.items() if k != "pool"}
+               for r in tagged("replica-0", "xxx.") + tagged("replica-1", "....")]
+    records.sort(key=lambda r: r["arrival_s"])
+    write_records(tmp_path / "requests.jsonl", records)
+    (tmp_path / "server_info_after.json").write_text(
+        json.dumps({"internal_states": [{"max_running_requests": 16}]}))
+    assert main(["alerts", "eval", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run"] == "live" and out["replicas"] == ["replica-0", "replica-1"]
+    assert out["skipped"] == ["kv_fragmentation_defragment"]
+    p99 = [(a["replica"], a["pool"], a["start_s"], a["end_s"]) for a in out["alerts"]
+           if a["rule"] == "ttft_p99_three_windows"]
+    assert p99 == [("fleet", None, 180.0, 240.0), ("replica-0", "live", 180.0, 240.0)]
+    assert main(["alerts", "eval", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "live replay through a fleet" in text
+    assert "not evaluated: kv_fragmentation_defragment" in text

@@ -40,6 +40,7 @@ from twin.alerts import (
     needs_series,
     read_by,
 )
+from twin.errors import ConfigError
 from twin.monitoring import LATENCIES, Window, metric_windows, run_end, series_windows
 
 FLEET = "fleet"
@@ -86,6 +87,11 @@ def evaluate_fleet(rules: Sequence[Rule], records: Sequence[dict],
                    t_end: float | None = None) -> list[Alert]:
     """The alerts of `rules` for the fleet (`replica="fleet"`) and for each replica, in rule
     order, then the fleet before the replicas (in the deployment's order), then time."""
+    missing = [r.name for r in rules if needs_series(r)
+               and not any(r.metric in v.gauges for v in replicas)]
+    if missing:
+        raise ConfigError(f"alert rules {', '.join(missing)} read a sampled series no "
+                          "replica of the run has")
     end = fleet_end(records, replicas) if t_end is None else t_end
     scoped = [r for r in rules if fleet_scoped(r)]
     out: list[tuple[int, int, Alert]] = []
@@ -111,7 +117,8 @@ def fleet_windows(records: Sequence[dict], replicas: Sequence[ReplicaView],
     """Every metric's fleet-wide windows (see the module doc); `only`: just these."""
     out = metric_windows(records, None, fleet_budget(replicas), window_s, t_end, only)
     for name, how in GAUGE_AGG.items():
-        if how is not None and (only is None or name in only):
+        if how is not None and (only is None or name in only) \
+                and any(name in v.gauges for v in replicas):
             out[name] = _aggregate(replicas, name, how, window_s, t_end)
     return out
 
@@ -120,8 +127,6 @@ def _aggregate(replicas: Sequence[ReplicaView], name: str, how: str, window_s: f
                t_end: float) -> list[Window]:
     per = [(v, series_windows(*v.gauges[name], window_s, t_end)) for v in replicas
            if name in v.gauges]
-    if not per:
-        return []
     held = [0.0] * len(per)
     out = []
     for k, w in enumerate(per[0][1]):
