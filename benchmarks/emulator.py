@@ -2,7 +2,7 @@
 server sustains, the lateness of its token stream against the simulated step ends, and
 how many emulated servers one core can carry.
 
-    python benchmarks/emulator.py [--quick]
+    python benchmarks/emulator.py [--quick] [--parts 1,2,3] [--servers 4]
 
 1. Throughput: one emulator at `--speed 1000` (the model's time is negligible: what is
    measured is the HTTP side, the driver and the replica's passes) and C concurrent
@@ -15,7 +15,12 @@ how many emulated servers one core can carry.
    uniform 50-150); each emulator reports the lateness of every token it published (wall
    time at which its handler got it minus the wall time of its simulated step end) in
    /server_info; its CPU use per wall second gives the servers one core carries at that
-   load (1 / CPU share), checked by running N of them at once.
+   load (1 / CPU share), checked by running N of them at once; a process that only
+   sleeps measures how late this machine wakes anything up meanwhile (the floor).
+3. Agreement: SGLang's `bench_serving` (the CPU harness's) against one emulator at speed 1,
+   closed loops of 1, 4 and 8 clients, 24 requests of 512 prompt and 32 output tokens, vs
+   `servetwin simulate` of the same workload: mean TTFT and TPOT; and the same closed loop
+   sent by servetwin's own replay client (the twin's model of such a client).
 
 Prints the workload, the machine, the load average and the date.
 """
@@ -147,18 +152,47 @@ async def _replays(urls: list[str], work) -> list:
     return await asyncio.gather(*(loop.run_in_executor(None, replay, work, c) for c in cfgs))
 
 
+def agreement(concurrencies: list[int]) -> None:
+    from runtime.emulator.agreement import ClosedLoop, bench_serving, replayed, simulated
+    from servetwin.cli import build_parser
+    from servetwin.cmd_emulate import config_from
+
+    cfg = config_from(build_parser("emulate").parse_args(["emulate"]))
+    print("\n3. bench_serving (the CPU harness's SGLang) against one emulator at speed 1 "
+          "vs servetwin simulate, default deployment")
+    for c in concurrencies:
+        work = ClosedLoop(concurrency=c, seed=100 + c)
+        with EmulatorProcess(["--speed", "1"]) as em:
+            bench = bench_serving(em.url, work)
+        with EmulatorProcess(["--speed", "1"]) as em:
+            ours = replayed(em.url, work)
+        sim = simulated(cfg, work)
+        print(f"   {work.spec}:")
+        for who, got in (("bench_serving", bench), ("servetwin replay", ours)):
+            row = [f"{got[k]:7.2f} vs {sim[k]:7.2f} ms ({got[k] / sim[k] - 1:+.1%})"
+                   for k in ("mean_ttft_ms", "mean_tpot_ms")]
+            print(f"     {who:16s} mean TTFT {row[0]}, mean TPOT {row[1]}  (emulator vs "
+                  "simulate)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--servers", type=int, default=4, help="emulators run at once in part 2")
+    ap.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
     ns = ap.parse_args()
+    parts = {int(p) for p in ns.parts.split(",")}
     print(f"benchmarks/emulator.py on {platform.node()} ({platform.processor() or 'cpu'}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}), "
           f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, load average "
           f"{os.getloadavg()[0]:.1f}")
-    throughput(300 if ns.quick else 2000, 16)
-    a100_load(1, 20 if ns.quick else 120)
-    a100_load(ns.servers, 20 if ns.quick else 120)
+    if 1 in parts:
+        throughput(300 if ns.quick else 2000, 16)
+    if 2 in parts:
+        a100_load(1, 20 if ns.quick else 120)
+        a100_load(ns.servers, 20 if ns.quick else 120)
+    if 3 in parts:
+        agreement([4] if ns.quick else [1, 4, 8])
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 

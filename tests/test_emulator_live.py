@@ -16,25 +16,21 @@ the token stream). Measured on 2026-12-01 at a load average of 7: TTFT 390.7 vs 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from contextlib import ExitStack
 
 import pytest
 
 from runtime.client import ReplayConfig, replay
-from runtime.cpu.install import harness_env
+from runtime.emulator.agreement import ClosedLoop, bench_serving, simulated
 from runtime.emulator.process import EmulatorProcess
 from runtime.router import RouterOptions, RouterProcess, require_router
 from runtime.server_api import probe
-from twin.sim import SimConfig, simulate
+from twin.sim import SimConfig
 from twin.workload import from_spec
 
 pytestmark = pytest.mark.live
 
-HARNESS = os.path.expanduser(os.environ.get("SERVETWIN_SGLANG_ENV",
-                                            "~/.cache/servetwin/sglang-cpu"))
 # Llama-3.1-8B on an H100 at ten times real time: a quick fleet
 FLEET_ARGS = ["--model-path", "meta-llama/Llama-3.1-8B", "--tp-size", "1",
               "--gpu", "h100-sxm-80gb", "--step-time-backend", "roofline", "--speed", "10"]
@@ -74,28 +70,13 @@ def test_router_in_front_of_four_emulated_servers_serves_every_request(live_ok, 
 
 
 def test_bench_serving_agrees_with_simulate(live_ok, tmp_path):
-    python = os.path.join(HARNESS, "bin", "python")
-    tokenizer = os.path.join(HARNESS, "models", "tiny-llama-l6-h512-v4096")
-    if not os.path.exists(python):
-        pytest.fail(f"the CPU harness is not installed at {HARNESS}: run `servetwin live "
-                    "install-cpu`")
-    out = tmp_path / "bench.jsonl"
+    work = ClosedLoop(concurrency=4, requests=24, prompt_tokens=512, output_tokens=32)
     with EmulatorProcess(["--speed", "1"], log_path=tmp_path / "emulator.log") as em:
-        res = subprocess.run(
-            [python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url",
-             em.url, "--dataset-name", "random-ids", "--random-input-len", "512",
-             "--random-output-len", "32", "--random-range-ratio", "1", "--num-prompts",
-             "24", "--max-concurrency", "4", "--tokenize-prompt", "--tokenizer", tokenizer,
-             "--seed", "7", "--output-file", str(out), "--disable-tqdm"],
-            env=harness_env(dict(os.environ)), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    bench = json.loads(out.read_text().splitlines()[-1])
+        bench = bench_serving(em.url, work)
     assert bench["completed"] == 24
-    work = from_spec("arrival=closed,concurrency=4,n=24,prompt=fixed:512,output=fixed:32", 0)
-    sim = simulate(work, SimConfig(args=_default_args())).summary
-    ttft, tpot = sim["ttft_s"]["mean"] * 1e3, sim["tpot_s"]["mean"] * 1e3
-    assert bench["mean_ttft_ms"] == pytest.approx(ttft, rel=0.15), (bench["mean_ttft_ms"], ttft)
-    assert bench["mean_tpot_ms"] == pytest.approx(tpot, rel=0.10), (bench["mean_tpot_ms"], tpot)
+    sim = simulated(SimConfig(args=_default_args()), work)
+    for key, tol in (("mean_ttft_ms", 0.15), ("mean_tpot_ms", 0.10)):
+        assert bench[key] == pytest.approx(sim[key], rel=tol), (key, bench[key], sim[key])
 
 
 def _default_args():
