@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "for its replicas' capacities and budgets (default: the summary's "
                    "deployment when it is a preset)")
     e.add_argument("--max-running", type=int, default=None, metavar="N",
-                   help="max_running_requests for batch_efficiency (default: from the run)")
+                   help="max_running_requests for batch_efficiency (default: from the run; "
+                   "a live replay through a fleet: each server's)")
     e.add_argument("--json", action="store_true", help="print JSON (alerts and windows)")
     e.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="also write the alerts as JSON lines to FILE")
@@ -191,14 +192,19 @@ def run_eval(ns: argparse.Namespace) -> int:
 
 
 def _eval_fleet(ns: argparse.Namespace, rules: list, scale: float | None, run) -> int:
-    """`alerts eval` over a fleet directory: every rule per replica and for the fleet."""
+    """`alerts eval` over a fleet directory: every rule per replica and for the fleet.
+    A live fleet's `--max-running N` is every server's budget."""
+    from dataclasses import replace
+
     from twin.alerts import alerts_jsonl, needs_series
     from twin.fleet_alerts import evaluate_fleet, fleet_end
     from twin.outputs import atomic_write_text
 
     if ns.max_running is not None:
-        raise ConfigError("--max-running: a fleet's replicas each have their own budget "
-                          "(read from the run); drop the flag")
+        if run.kind == "fleet":
+            raise ConfigError("--max-running: a simulated fleet's replicas each have their "
+                              "own budget (read from the run); drop the flag")
+        run.replicas = [replace(v, max_running=ns.max_running) for v in run.replicas]
     skipped = [r for r in rules if needs_series(r)
                and not any(r.metric in v.gauges for v in run.replicas)]
     rules = [r for r in rules if r not in skipped]

@@ -315,3 +315,7 @@ def test_a_live_replay_through_a_fleet_is_evaluated_per_replica(tmp_path, capsys
     text = capsys.readouterr().out
     assert "live replay through a fleet" in text
     assert "not evaluated: kv_fragmentation_defragment" in text
+    (tmp_path / "server_info_after.json").write_text('{"unavailable": "through a router"}')
+    assert main(["alerts", "eval", str(tmp_path), "--json", "--max-running", "8"]) == 0
+    eff = json.loads(capsys.readouterr().out)["windows"]["replica-0"]["batch_efficiency"]
+    assert eff[0] == pytest.approx(3.0 / 60 / 8, abs=1e-6)  # one request in the batch 3 s
