@@ -134,15 +134,14 @@ def scale_note(info: dict) -> str | None:
 
 
 def run_rules(ns: argparse.Namespace) -> int:
-    from twin.alerts import prometheus_rules, scale_burn
+    from twin.alerts import scale_burn
+    from twin.prometheus_rules import prometheus_fleet_rules, prometheus_rules
 
     rules = rules_from(ns.rules, ns.slo_ttft, ns.window)
     rules = scale_burn(rules, burn_scale_arg(ns.burn_scale, allow_auto=False))
     if ns.max_running is not None and ns.max_running < 1:
         raise ConfigError(f"--max-running {ns.max_running}: must be >= 1")
     if ns.per_instance:
-        from twin.fleet_alerts import prometheus_fleet_rules
-
         sys.stdout.write(prometheus_fleet_rules(rules, ns.window, ns.max_running))
     else:
         sys.stdout.write(prometheus_rules(rules, ns.window, ns.max_running))

@@ -18,11 +18,11 @@ from twin.alerts import (
     default_rules,
     evaluate,
     load_rules,
-    prometheus_rules,
     threshold_alerts,
 )
 from twin.errors import ConfigError
 from twin.monitoring import Window
+from twin.prometheus_rules import prometheus_rules
 
 pytestmark = pytest.mark.offline
 

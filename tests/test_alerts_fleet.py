@@ -16,7 +16,8 @@ from test_monitoring import rec
 from servetwin.cli import main
 from twin.alerts import Rule, default_rules
 from twin.errors import ConfigError
-from twin.fleet_alerts import ReplicaView, evaluate_fleet, fleet_windows, prometheus_fleet_rules
+from twin.fleet_alerts import ReplicaView, evaluate_fleet, fleet_windows
+from twin.prometheus_rules import prometheus_fleet_rules
 
 pytestmark = pytest.mark.offline
 

@@ -1,9 +1,9 @@
-"""Alert rules as data, evaluated over a run's windowed metrics, exported as Prometheus rules.
+"""Alert rules as data, evaluated over a run's windowed metrics.
 
 A rule is a frozen `Rule` read from YAML/JSON (`load_rules`) or the default set
 (`default_rules`: the users' two rules and two SLO burn-rate rules). `evaluate` runs the
 rules over a run's records (and its sampled series) and returns `Alert`s with the time
-they fired and the time they resolved; `prometheus_rules` writes the same rules as a
+they fired and the time they resolved; `twin.prometheus_rules` writes the same rules as a
 Prometheus rules file over SGLang's metric names, which `promtool check rules` accepts.
 
 How the twin's evaluation maps onto Prometheus (docs/monitoring.md):
@@ -29,11 +29,7 @@ from pathlib import Path
 
 from twin.errors import ConfigError
 from twin.monitoring import (
-    E2E_BUCKETS,
-    ITL_BUCKETS,
     LATENCIES,
-    QUEUE_BUCKETS,
-    TTFT_BUCKETS,
     Window,
     metric_windows,
     run_end,
@@ -360,85 +356,3 @@ def _ratios(records: Sequence[dict], rule: Rule, lookback_s: float,
 
 def alerts_jsonl(alerts: Sequence[Alert]) -> str:
     return "".join(json.dumps(a.to_json(), sort_keys=False) + "\n" for a in alerts)
-
-
-# ---- Prometheus export ------------------------------------------------------------------
-HISTOGRAMS = {"ttft": ("sglang:time_to_first_token_seconds", TTFT_BUCKETS),
-               "e2e": ("sglang:e2e_request_latency_seconds", E2E_BUCKETS),
-               "itl": ("sglang:inter_token_latency_seconds", ITL_BUCKETS),
-               "tpot": ("sglang:request_time_per_output_token_seconds", ITL_BUCKETS),
-               "queue": ("sglang:queue_time_seconds", QUEUE_BUCKETS)}
-
-
-def duration(seconds: float) -> str:
-    """A PromQL duration: whole seconds (Prometheus accepts e.g. 90s)."""
-    s = max(1, round(seconds))
-    return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
-
-
-def promql(metric: str, window_s: float, max_running: int | None = None) -> str:
-    """The PromQL expression of a windowed metric over SGLang's (or the twin's) names."""
-    w = duration(window_s)
-    if metric in RECORD_METRICS[:len(LATENCIES) * 2]:
-        base, q = metric.rsplit("_p", 1)
-        name = HISTOGRAMS[base][0]
-        return (f"histogram_quantile({int(q) / 100}, sum by (le) "
-                f"(rate({name}_bucket[{w}])))")
-    return {
-        "radix_sharing_ratio": f"sum(rate(sglang:cached_tokens_total[{w}])) / "
-                               f"sum(rate(sglang:prompt_tokens_total[{w}]))",
-        "memory_pressure_score": f"1 - avg_over_time(sglang:kv_available_tokens[{w}]) / "
-                                 "sglang:max_total_num_tokens",
-        "batch_efficiency": (f"avg_over_time(sglang:num_running_reqs[{w}]) / {max_running}"
-                             if max_running else f"avg_over_time(batch_efficiency[{w}])"),
-        "kv_external_fragmentation": f"max_over_time(kv_external_fragmentation[{w}])",
-        "kv_eviction_rate": f"avg_over_time(kv_eviction_rate[{w}])",
-        "num_running_reqs": f"avg_over_time(sglang:num_running_reqs[{w}])",
-        "num_queue_reqs": f"avg_over_time(sglang:num_queue_reqs[{w}])",
-    }[metric]
-
-
-def bucket_at_or_above(metric: str, threshold_s: float) -> float:
-    """The smallest bucket bound of SGLang's histogram for `metric` >= `threshold_s` (a
-    Prometheus rule can only count observations below a bucket bound)."""
-    buckets = HISTOGRAMS[metric][1]
-    return next((float(b) for b in buckets if b >= threshold_s), math.inf)
-
-
-def burn_promql(rule: Rule, lookback_s: float) -> str:
-    name = HISTOGRAMS[rule.metric][0]
-    le = bucket_at_or_above(rule.metric, rule.threshold)
-    le_s = "+Inf" if math.isinf(le) else repr(le)
-    w = duration(lookback_s)
-    return (f"(1 - sum(rate({name}_bucket{{le=\"{le_s}\"}}[{w}])) / "
-            f"sum(rate({name}_count[{w}]))) / {round(1 - rule.objective, 6)}")
-
-
-def prometheus_rules(rules: Sequence[Rule], window_s: float = 60.0,
-                     max_running: int | None = None) -> str:
-    """A Prometheus rules file (YAML) for `rules`, evaluated every `window_s`."""
-    import yaml
-
-    out = []
-    for r in rules:
-        ann = {"summary": r.description or r.name}
-        if r.kind == "threshold":
-            expr = f"{promql(r.metric, window_s, max_running)} > {r.threshold}"
-            item = {"alert": r.name, "expr": expr}
-            if r.windows > 1:
-                item["for"] = duration((r.windows - 1) * window_s)
-        else:
-            expr = (f"({burn_promql(r, r.long_window_s)}) > {r.factor} and "
-                    f"({burn_promql(r, r.short_window_s)}) > {r.factor}")
-            item = {"alert": r.name, "expr": expr}
-            le = bucket_at_or_above(r.metric, r.threshold)
-            if le != r.threshold:
-                ann["note"] = (f"SGLang's {r.metric} histogram has no {r.threshold} s bucket: "
-                               f"the rule counts observations over {le} s")
-        labels = {"severity": r.severity}
-        if r.action:
-            labels["action"] = r.action
-        item.update(labels=labels, annotations=ann)
-        out.append(item)
-    doc = {"groups": [{"name": "servetwin", "interval": duration(window_s), "rules": out}]}
-    return yaml.safe_dump(doc, sort_keys=False, width=10**6)

@@ -20,9 +20,8 @@ The fleet-wide value of each metric (docs/monitoring.md):
 - `kv_external_fragmentation` and every `defragment` rule: per replica only (one
   allocator's property; compaction is a replica's).
 
-`prometheus_fleet_rules` writes the same split as a Prometheus rules file: each rule `by
-(instance)` (label `scope: replica`) and, where a fleet-wide value exists, summed over the
-instances (`scope: fleet`). Pure and deterministic.
+`twin.prometheus_rules.prometheus_fleet_rules` writes the same split as a Prometheus rules
+file. Pure and deterministic.
 """
 
 from __future__ import annotations
@@ -30,18 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from twin.alerts import (
-    HISTOGRAMS,
-    Alert,
-    Rule,
-    bucket_at_or_above,
-    duration,
-    evaluate_windows,
-    needs_series,
-    read_by,
-)
+from twin.alerts import Alert, Rule, evaluate_windows, needs_series, read_by
 from twin.errors import ConfigError
-from twin.monitoring import LATENCIES, Window, metric_windows, run_end, series_windows
+from twin.monitoring import Window, metric_windows, run_end, series_windows
 
 FLEET = "fleet"
 # how a gauge's fleet-wide window value is formed from the replicas' (None: per replica only)
@@ -164,99 +154,6 @@ def replica_views(deployment, gauges_of) -> list[ReplicaView]:
                                gauges_of(w.replica.series, cap.max_total_num_tokens),
                                tuple(tuple(c) for c in w.crashes)))
     return out
-
-
-# ---- Prometheus: each rule by instance and over the fleet -------------------------------
-RANK0 = '{tp_rank="0"}'  # SGLang exports its pool gauges once per TP rank
-
-
-def fleet_promql(metric: str, window_s: float, by: str | None,
-                 max_running: int | None = None) -> str | None:
-    """A windowed metric's PromQL per `by` label (e.g. "instance") or, with `by=None`, over
-    the whole fleet (None: the metric has no fleet-wide value in this form)."""
-    w, agg = duration(window_s), (f"sum by ({by}) " if by else "sum ")
-    if metric[:-4] in LATENCIES and metric[-4:-2] == "_p":
-        name = HISTOGRAMS[metric[:-4]][0]
-        lab = f"le, {by}" if by else "le"
-        return (f"histogram_quantile({int(metric[-2:]) / 100}, sum by ({lab}) "
-                f"(rate({name}_bucket[{w}])))")
-    running = f"{agg}(avg_over_time(sglang:num_running_reqs{RANK0}[{w}]))"
-    if metric == "batch_efficiency":
-        if max_running and by:
-            return f"{running} / {max_running}"
-        if max_running:
-            return f"{running} / ({max_running} * count(sglang:max_total_num_tokens{RANK0}))"
-        return f"avg by ({by}) (avg_over_time(batch_efficiency[{w}]))" if by else None
-    if metric == "kv_external_fragmentation":
-        return f"max by ({by}) (max_over_time(kv_external_fragmentation[{w}]))" if by else None
-    return {
-        "radix_sharing_ratio": f"{agg}(rate(sglang:cached_tokens_total[{w}])) / "
-                               f"{agg}(rate(sglang:prompt_tokens_total[{w}]))",
-        "memory_pressure_score": f"1 - {agg}(avg_over_time(sglang:kv_available_tokens{RANK0}"
-                                 f"[{w}])) / {agg}(sglang:max_total_num_tokens{RANK0})",
-        "kv_eviction_rate": f"{agg}(avg_over_time(kv_eviction_rate[{w}]))",
-        "num_running_reqs": running,
-        "num_queue_reqs": f"{agg}(avg_over_time(sglang:num_queue_reqs{RANK0}[{w}]))",
-    }[metric]
-
-
-def _burn(rule: Rule, lookback_s: float, by: str | None) -> str:
-    name = HISTOGRAMS[rule.metric][0]
-    le = bucket_at_or_above(rule.metric, rule.threshold)
-    le_s = "+Inf" if le == float("inf") else repr(le)
-    w, agg = duration(lookback_s), (f"sum by ({by}) " if by else "sum ")
-    return (f"(1 - {agg}(rate({name}_bucket{{le=\"{le_s}\"}}[{w}])) / "
-            f"{agg}(rate({name}_count[{w}]))) / {round(1 - rule.objective, 6)}")
-
-
-def _fleet_item(rule: Rule, window_s: float, by: str | None,
-                max_running: int | None) -> dict | None:
-    if rule.kind == "threshold":
-        q = fleet_promql(rule.metric, window_s, by, max_running)
-        if q is None:
-            return None
-        item = {"alert": rule.name, "expr": f"{q} > {rule.threshold}"}
-        if rule.windows > 1:
-            item["for"] = duration((rule.windows - 1) * window_s)
-    else:
-        item = {"alert": rule.name, "expr": f"({_burn(rule, rule.long_window_s, by)}) > "
-                f"{rule.factor} and ({_burn(rule, rule.short_window_s, by)}) > {rule.factor}"}
-    labels = {"severity": rule.severity, "scope": "replica" if by else FLEET}
-    if rule.action:
-        labels["action"] = rule.action
-    what = f"on {{{{ $labels.{by} }}}}" if by else "over the fleet"
-    ann = {"summary": f"{rule.description or rule.name} ({what})"}
-    if rule.kind == "burn_rate" and bucket_at_or_above(rule.metric, rule.threshold) \
-            != rule.threshold:
-        ann["note"] = (f"SGLang's {rule.metric} histogram has no {rule.threshold} s bucket: "
-                       f"the rule counts observations over "
-                       f"{bucket_at_or_above(rule.metric, rule.threshold)} s")
-    item.update(labels=labels, annotations=ann)
-    return item
-
-
-def prometheus_fleet_rules(rules: Sequence[Rule], window_s: float = 60.0,
-                           max_running: int | None = None, by: str = "instance") -> str:
-    """A Prometheus rules file for a fleet: every rule per `by` label and, where the metric
-    has a fleet-wide value (`fleet_scoped`), over the fleet; `max_running` is one server's
-    budget (the fleet's: that times the number of servers)."""
-    import yaml
-
-    out = []
-    for r in rules:
-        per = _fleet_item(r, window_s, by, max_running)
-        if per is not None:
-            out.append(per)
-        whole = _fleet_item(r, window_s, None, max_running) if fleet_scoped(r) else None
-        if whole is not None:
-            out.append(whole)
-    doc = {"groups": [{"name": "servetwin-fleet", "interval": duration(window_s), "rules": out}]}
-    return yaml.safe_dump(doc, sort_keys=False, width=10**6)
-
-
-__all__ = ["FLEET", "GAUGE_AGG", "ReplicaView", "evaluate_fleet",
-           "fleet_end", "fleet_scoped", "fleet_windows", "prometheus_fleet_rules",
-           "replica_views"]
 
 
 def spec_views(spec) -> list[ReplicaView]:
