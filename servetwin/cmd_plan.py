@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "allocator, router) the twin finds the largest load meeting every SLO (a search over "
         "load to --precision) and the metrics at the target; then the cheapest candidate "
         "meeting the SLOs, the Pareto fronts (cost vs P99 TTFT, cost vs goodput), headroom, "
-        "and the users' stepped ramp to 200 %% on the winner. With no --space: the users' "
+        "and the users' stepped ramp to 200 % on the winner. With no --space: the users' "
         "question (finance-qa at its peak, P99 TTFT <= 1.5 s, every GPU of the catalog, TP "
         "1/2/4/8, 1-8 replicas, SGLang's fcfs, then every registry policy on the best "
         "hardware). Writes DIR/plan.json, DIR/candidates/, DIR/ramp/, DIR/winner.txt and "
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"YAML/JSON search space; keys: {', '.join(KEYS)} (each a list; "
                    "server_args a mapping of SGLang argument to list)")
     for key in ("gpus", "tp", "replicas", "models", "quantization", "policies",
-                "kv_allocators", "routers"):
+                "kv_allocators", "routers", "step_time_backends"):
         s.add_argument("--" + key.replace("_", "-"), default=None, metavar="A,B,...",
                        help=f"comma list for the space's {key!r} (over --space's)")
     s.add_argument("--no-refine", dest="refine", action="store_false",
@@ -74,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--window-s", type=float, default=60.0,
                    help="alert-rule window in simulated seconds (default 60)")
     r.add_argument("--no-ramp", dest="ramp", action="store_false", help="skip the ramp")
+    r.add_argument("--no-report", dest="report", action="store_false",
+                   help="skip report.html (experiments/report/plan_page.py)")
     r.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run, _parser=p)
 
@@ -105,7 +107,8 @@ def run(ns: argparse.Namespace) -> int:
     settings = PlanSettings(ns.out, jobs, ns.ray, prices, price_source,
                             refine_policies=ns.space is None and ns.refine and not
                             _space_flags(ns), ramp_step_s=ns.ramp_step_s,
-                            window_s=ns.window_s, ramp=ns.ramp, quiet=ns.quiet)
+                            window_s=ns.window_s, ramp=ns.ramp, report=ns.report,
+                            quiet=ns.quiet)
     print(f"question: {q.workload} at {q.target_rps:.4g} requests/s ({q.peak_from}); SLOs "
           f"{', '.join(s.name for s in slos)}; {len(space.candidates())} candidates, "
           f"{jobs if not ns.ray else 'ray'} worker(s)")
@@ -153,7 +156,7 @@ def _source(ns: argparse.Namespace):
 def _space_flags(ns: argparse.Namespace) -> dict:
     out = {}
     for key in ("gpus", "tp", "replicas", "models", "quantization", "policies",
-                "kv_allocators", "routers"):
+                "kv_allocators", "routers", "step_time_backends"):
         text = getattr(ns, key)
         if text is None:
             continue
@@ -163,7 +166,7 @@ def _space_flags(ns: argparse.Namespace) -> dict:
                 items = [int(x) for x in items]
             except ValueError:
                 raise ConfigError(f"--{key} {text!r}: a comma list of integers") from None
-        if key == "quantization":
+        if key in ("quantization", "step_time_backends"):
             items = [None if x in ("none", "null") else x for x in items]
         out[key] = items
     return out

@@ -165,7 +165,8 @@ def test_the_cli_plan_and_the_winners_simulate_command_replay_the_same_records(t
     space.write_text(json.dumps({**TOY, "replicas": [1, 2]}))
     out = tmp_path / "plan"
     rc = main(["plan", "--workload", SPEC, "--space", str(space), "--slo", "ttft:p99:0.5",
-               "--out", str(out), "--jobs", "1", "--quiet", "--ramp-step-s", "10"])
+               "--out", str(out), "--jobs", "1", "--quiet", "--ramp-step-s", "10",
+               "--no-report"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "winner: c0002 2x a100-sxm-80gb TP1 fcfs" in text

@@ -54,6 +54,8 @@ def simulate_command(q: Question, cand: Candidate, out: Path) -> str:
             cmd += ["--policy", cand.twin_policy]
         if cand.kv_allocator != "token":
             cmd += ["--kv-allocator", cand.kv_allocator]
+        if cand.step_time_backend:
+            cmd += ["--step-time-backend", cand.step_time_backend]
     first = {}
     for s in q.slos:
         first.setdefault(s.metric, s.threshold_s)

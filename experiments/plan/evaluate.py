@@ -31,7 +31,7 @@ FLOOR_FACTOR = 1 / 16  # below 1/16 of the target a candidate has no sustainable
 
 def sim_config(cand: Candidate) -> SimConfig:
     return SimConfig(args=cand.args(), gpu=cand.gpu, kv_allocator=cand.kv_allocator,
-                     policy=cand.twin_policy)
+                     policy=cand.twin_policy, step_time_backend=cand.step_time_backend)
 
 
 def fleet_doc(cand: Candidate, seed: int) -> dict:
@@ -46,6 +46,8 @@ def fleet_doc(cand: Candidate, seed: int) -> dict:
     rep = {"name": "r", "count": cand.replicas, "engine": "sglang", "server_args": args}
     if twin:
         rep["twin"] = twin
+    if cand.step_time_backend:
+        rep["step_time_backend"] = cand.step_time_backend
     return {"name": cand.id, "gpu": cand.gpu, "seed": seed, "router": {"name": cand.router},
             "replicas": [rep]}
 
@@ -82,6 +84,7 @@ class Runner:
     _kinds: object = None
     _step_time: object = None
     runs: list = field(default_factory=list)  # the scales simulated, in order
+    backend: str | None = None  # the step-time backend the runs used
 
     def simulate(self, scale: float, write_to=None):
         """The records of the question's workload at `scale` (and its results written to
@@ -96,12 +99,14 @@ class Runner:
             if self._step_time is None:
                 self._step_time = step_time_for(cfg, derive_capacity(cfg.args, cfg.gpu))
             res = simulate(workload, cfg, slo, step_time=self._step_time)
+            self.backend = res.backend
         else:
             from twin.fleet import Kinds, parse_spec, simulate_fleet
 
             self._kinds = self._kinds or Kinds()
             spec = parse_spec(fleet_doc(self.cand, self.seed), f"<candidate {self.cand.id}>")
             res = simulate_fleet(spec, workload, slo, kinds=self._kinds)
+            self.backend = ",".join(sorted({k[2] for k in self._kinds.cache.values()}))
         if write_to is not None:
             res.write(write_to)
         return res.records, res.summary
@@ -190,7 +195,7 @@ def search(runner: Runner, precision: float, guess: float | None = None) -> dict
     if lo is None:  # the floor: below it a candidate has no sustainable load
         meets(min(t * FLOOR_FACTOR, hi / step))
         lo, hi = _bracket(cache)
-    while lo is not None and hi is not None and hi / lo > step:
+    while lo is not None and hi is not None and hi / lo > step * (1 + 1e-9):
         meets(math.sqrt(lo * hi))
         lo, hi = _bracket(cache)
     evals = [{"scale": s, "rps": s * q.base_rps, "meets_slo": m["meets_slo"],
@@ -201,7 +206,7 @@ def search(runner: Runner, precision: float, guess: float | None = None) -> dict
             "max_load_bound": "at least (search capped)" if capped else (
                 f"below {FLOOR_FACTOR:g} of the target" if lo is None else
                 f"within {precision:.0%}: {hi * q.base_rps:.6g} rps fails"),
-            "at_target": cache[t], "evaluations": evals}
+            "at_target": {**cache[t], "backend": runner.backend}, "evaluations": evals}
 
 
 def _gallop(meets, cache: dict, guess: float, step: float, floor: float, cap: float) -> None:

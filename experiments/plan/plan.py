@@ -98,7 +98,7 @@ def _cand(r: dict) -> Candidate:
     c = r["config"]
     return Candidate(r["id"], c["gpu"], c["tp"], c["replicas"], c["model"], c["quantization"],
                      tuple(sorted(c["server_args"].items())), c["policy"], c["kv_allocator"],
-                     c["router"])
+                     c["router"], c.get("step_time_backend"))
 
 
 def refine(results: dict, cands: list[Candidate], prices: dict) -> tuple[list, float | None]:
@@ -111,16 +111,13 @@ def refine(results: dict, cands: list[Candidate], prices: dict) -> tuple[list, f
     if base is None:
         return [], None
     c = _cand(base)
-    have = {(x.gpu, x.tp, x.replicas, x.model, x.quantization, x.server_args, x.policy,
-             x.kv_allocator, x.router) for x in cands}
+    have = {x.key() for x in cands}
     out = []
     for pol in policy_names():
         if pol == "learned":
             continue
         new = replace(c, id=f"c{len(cands) + len(out) + 1:04d}", policy=pol)
-        key = (new.gpu, new.tp, new.replicas, new.model, new.quantization, new.server_args,
-               new.policy, new.kv_allocator, new.router)
-        if key not in have:
+        if new.key() not in have:
             out.append(new)
     return out, (base.get("max_load") or {}).get("scale")
 

@@ -41,8 +41,7 @@ def evaluate_group(cands: list[Candidate], q: Question, guess: float | None = No
 
 
 def group_key(c: Candidate) -> tuple:
-    return (c.gpu, c.tp, c.model, str(c.quantization), c.server_args, c.policy,
-            c.kv_allocator, c.router)
+    return tuple(x for i, x in enumerate(c.key()) if i != 2)  # all but the replica count
 
 
 def groups(cands: list[Candidate]) -> list[list[Candidate]]:
@@ -64,8 +63,9 @@ def evaluate_candidate(cand: Candidate, q: Question, guess: float | None = None)
                 "at_target": None, "evaluations": [], "cpu_s": time.process_time() - t0}
     try:
         found = search(Runner(cand, q, q.seed), q.precision, guess)
-    except ServetwinError as exc:
-        return {**out, "status": "error", "reason": str(exc), "max_load": None,
+    except Exception as exc:  # noqa: BLE001 - one candidate's failure is its result
+        why = str(exc) if isinstance(exc, ServetwinError) else f"{type(exc).__name__}: {exc}"
+        return {**out, "status": "error", "reason": why, "max_load": None,
                 "at_target": None, "evaluations": [], "cpu_s": time.process_time() - t0}
     return {**out, "status": "ok", "reason": None, **found,
             "cpu_s": time.process_time() - t0}

@@ -10,6 +10,7 @@ candidates it expands to (the cross product, in file order, numbered c0001, c000
     policies: [fcfs, lpm, slices]
     kv_allocators: [token, paged]
     routers: [round_robin, cache_aware]
+    step_time_backends: [roofline]     # null: opdb where it has data, else roofline
 
 A scalar stands for a list of one. Unknown keys or values are refused with the file, the
 line, the key path and the allowed values. The router matters only with two replicas or
@@ -30,7 +31,7 @@ from twin.hardware import GPUS
 from twin.inputs import read_text
 
 KEYS = ("gpus", "tp", "replicas", "models", "quantization", "server_args", "policies",
-        "kv_allocators", "routers")
+        "kv_allocators", "routers", "step_time_backends")
 # set by their own keys, not under server_args
 OWN_KEYS = {"model_path": "models", "tp_size": "tp", "quantization": "quantization",
             "schedule_policy": "policies", "enable_priority_scheduling": "policies"}
@@ -53,6 +54,13 @@ class Candidate:
     policy: str = "fcfs"
     kv_allocator: str = "token"
     router: str = "round_robin"
+    step_time_backend: str | None = None  # None: the twin's default choice
+
+    def key(self) -> tuple:
+        """Everything but the id."""
+        return (self.gpu, self.tp, self.replicas, self.model, str(self.quantization),
+                self.server_args, self.policy, self.kv_allocator, self.router,
+                str(self.step_time_backend))
 
     @property
     def gpus(self) -> int:
@@ -86,13 +94,15 @@ class Candidate:
             parts.append(f"kv={self.kv_allocator}")
         if self.replicas > 1:
             parts.append(f"router={self.router}")
+        if self.step_time_backend:
+            parts.append(f"backend={self.step_time_backend}")
         return " ".join(parts)
 
     def config(self) -> dict:
         return {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas, "model": self.model,
                 "quantization": self.quantization, "server_args": dict(self.server_args),
                 "policy": self.policy, "kv_allocator": self.kv_allocator,
-                "router": self.router}
+                "router": self.router, "step_time_backend": self.step_time_backend}
 
 
 @dataclass(frozen=True)
@@ -109,22 +119,23 @@ class Space:
         sa_names = list(sa)
         sa_combos = list(itertools.product(*(sa[k] for k in sa_names)))
         out, seen = [], set()
-        for gpu, tp, reps, model, quant, combo, pol, kv, router in itertools.product(
+        for gpu, tp, reps, model, quant, combo, pol, kv, router, be in itertools.product(
                 v["gpus"], v["tp"], v["replicas"], v["models"], v["quantization"], sa_combos,
-                v["policies"], v["kv_allocators"], v["routers"]):
-            key = (gpu, tp, reps, model, quant, combo, pol, kv, router if reps > 1 else None)
+                v["policies"], v["kv_allocators"], v["routers"], v["step_time_backends"]):
+            key = (gpu, tp, reps, model, quant, combo, pol, kv, router if reps > 1 else None,
+                   be)
             if key in seen:
                 continue
             seen.add(key)
             out.append(Candidate(f"c{first_id + len(out):04d}", gpu, tp, reps, model, quant,
                                  tuple(sorted(zip(sa_names, combo, strict=True))), pol, kv,
-                                 router if reps > 1 else v["routers"][0]))
+                                 router if reps > 1 else v["routers"][0], be))
         return out
 
 
 _DEFAULTS = {"gpus": "a100-pcie-80gb", "tp": 2, "replicas": 1, "models": DEFAULT_MODEL,
              "quantization": None, "policies": "fcfs", "kv_allocators": "token",
-             "routers": "round_robin"}
+             "routers": "round_robin", "step_time_backends": None}
 
 
 def load_space(path: str | Path) -> Space:
@@ -200,6 +211,10 @@ def _allowed(key: str) -> list | None:
         from twin.routers import router_names
 
         return [r for r in router_names() if r != "length"]  # length needs pools
+    if key == "step_time_backends":
+        from twin.perf import backend_names
+
+        return [None, *(b for b in backend_names() if b != "fitted")]  # fitted: a profile
     return None
 
 
