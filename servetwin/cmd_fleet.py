@@ -17,6 +17,10 @@ from twin.outputs import check_out_dir
 
 # simulate's flags that describe one server: a deployment names its own
 _ONE_SERVER = ("calibration", "policy", "step_time_backend")
+# simulate's twin-only flags (its dest names): a deployment sets them per replica (`twin:`)
+_TWIN_ONLY = ("preemption_mode", "time_slice_ms", "priority_weights", "preemption_threshold",
+              "swap_min_tokens", "host_kv_bytes", "kv_allocator", "buddy_min_block",
+              "kv_reserve_fraction", "defrag_every", "defrag_threshold", "ignore_eos")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +43,14 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
         raise ConfigError(f"--deployment {ns.deployment}: server flags come from the "
                           f"deployment; drop --{given[0].replace('_', '-')} (or put it in "
                           "the file's server_args)")
+    parser = getattr(ns, "_parser", None)
+    twin = [k for k in _TWIN_ONLY if parser is not None and hasattr(ns, k)
+            and getattr(ns, k) != parser.get_default(k)]
+    if twin:
+        flag = "--no-ignore-eos" if twin[0] == "ignore_eos" else "--" + twin[0].replace("_", "-")
+        raise ConfigError(f"--deployment {ns.deployment}: twin settings come from the "
+                          f"deployment; drop {flag} (or set it in each replica's twin: "
+                          "section, by SimConfig's field name; docs/fleet.md)")
     spec = load_spec(ns.deployment)
     faults = [Fault.parse(f) for f in ns.fault]
     names = {r.name for r in spec.replicas}

@@ -320,3 +320,13 @@ def test_a_live_replay_through_a_fleet_is_evaluated_per_replica(tmp_path, capsys
     assert main(["alerts", "eval", str(tmp_path), "--json", "--max-running", "8"]) == 0
     eff = json.loads(capsys.readouterr().out)["windows"]["replica-0"]["batch_efficiency"]
     assert eff[0] == pytest.approx(3.0 / 60 / 8, abs=1e-6)  # one request in the batch 3 s
+
+
+def test_twin_flags_with_a_deployment_are_refused_not_dropped(capsys):
+    # the fleet's replicas take their twin settings from the deployment's `twin:` sections
+    for flags, named in ((["--defrag-threshold", "0.3"], "--defrag-threshold"),
+                         (["--kv-allocator", "buddy"], "--kv-allocator"),
+                         (["--no-ignore-eos"], "--no-ignore-eos")):
+        assert main(["simulate", "--deployment", "finance-hybrid", *flags]) == 2
+        assert f"twin settings come from the deployment; drop {named}" in \
+            capsys.readouterr().err
