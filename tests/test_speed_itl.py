@@ -31,6 +31,9 @@ def test_matches_numpy_on_random_layouts():
             continue
         want = _pcts(rt._gather(values, starts, lens), scratch=True)
         assert rt.itl_stats(values, starts, lens) == want
+        m = int(rng.integers(1, len(values) + 1))  # the step gaps' unique, known already
+        head = np.unique(values[:m], return_inverse=True)
+        assert rt.itl_stats(values, starts, lens, head) == want
 
 
 def test_mean_and_percentiles_unrounded_across_many_leaves(monkeypatch):

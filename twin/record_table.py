@@ -45,6 +45,7 @@ class RecordTable(Sequence):
         self._gaps: tuple | None = None
         self._rounded: tuple | None = None  # `_times`
         self._gap_floats: tuple | None = None  # the gaps as floats, for `_record`
+        self._uniq: tuple | None = None  # `_step_unique`
 
     # ---- the sequence of dicts (built on demand) ---------------------------------------
     def __len__(self) -> int:
@@ -124,12 +125,21 @@ class RecordTable(Sequence):
         self._gaps = (plans, step_gaps, own_gaps)
         return self._gaps
 
+    def _step_unique(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct step gaps (sorted) and each step gap's index among them: sorted
+        once for both the summary's ITL statistics and the lines."""
+        if self._uniq is None:
+            step_gaps = self._plan()[1]
+            uniq, inv = np.unique(step_gaps, return_inverse=True)
+            self._uniq = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
+        return self._uniq
+
     @staticmethod
-    def _strings(values: np.ndarray) -> list[str]:
+    def _strings(values: np.ndarray, unique: tuple | None = None) -> list[str]:
         """repr of every value (as json writes a float), each distinct value formatted once."""
         if not len(values):
             return []
-        uniq, inv = np.unique(values, return_inverse=True)
+        uniq, inv = unique if unique is not None else np.unique(values, return_inverse=True)
         table = np.array([repr(v) for v in uniq.tolist()], dtype=object)
         return table[inv].tolist()
 
@@ -159,7 +169,8 @@ class RecordTable(Sequence):
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
         plans, step_gaps, own_gaps = self._plan()
-        ss, xs = self._strings(step_gaps), self._strings(own_gaps)
+        ss = self._strings(step_gaps, self._step_unique() if len(step_gaps) else None)
+        xs = self._strings(own_gaps)
         for r, (pieces, n_out), arrival, ttft, tpot, e2e, queue, lost in zip(
                 self._reqs, plans, *self._times(), strict=True):
             parts: list[str] = []
@@ -207,7 +218,8 @@ class RecordTable(Sequence):
                     else:
                         starts.append(n_step + p[1])
                         lens.append(1)
-        return summary_from_columns(cols, itl_stats(joined, starts, lens), slo, duration_s)
+        itl = itl_stats(joined, starts, lens, self._step_unique() if n_step else None)
+        return summary_from_columns(cols, itl, slo, duration_s)
 
 
 def _gather(values: np.ndarray, starts: list[int], lens: list[int],
@@ -286,9 +298,12 @@ def _weighted_counts(values: np.ndarray, counts: np.ndarray,
     return u, np.bincount(inv, weights=np.concatenate(ws), minlength=len(u))
 
 
-def itl_stats(values: np.ndarray, starts: list[int], lens: list[int]) -> dict:
+def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
+              head_unique: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """`metrics._pcts(_gather(values, starts, lens), scratch=True)`, without the gathered
-    array: P50/P90/P99 and mean of the concatenation of values[s:s + n] for each (s, n)."""
+    array: P50/P90/P99 and mean of the concatenation of values[s:s + n] for each (s, n).
+    `head_unique`: `np.unique(values[:m], return_inverse=True)` of its first m values,
+    already computed (the step gaps)."""
     from twin.metrics import PERCENTILES
 
     n = int(sum(lens))
@@ -304,7 +319,17 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int]) -> dict:
     cover -= np.bincount(st, minlength=size)
     del st, ln
     np.cumsum(cover, out=cover)
-    uniq, weight = _weighted_counts(values, cover[:-1])  # a value of weight 0 is never picked
+    cover = cover[:-1]
+    if head_unique is not None:  # the first m values' distinct ones are known: weigh those
+        u0, inv0 = head_unique
+        m = len(inv0)
+        u1, w1 = _weighted_counts(values[m:], cover[m:])
+        uniq, inv = np.unique(np.concatenate((u0, u1)), return_inverse=True)
+        weight = np.bincount(inv, weights=np.concatenate(
+            (np.bincount(inv0, weights=cover[:m], minlength=len(u0)), w1)),
+            minlength=len(uniq))
+    else:
+        uniq, weight = _weighted_counts(values, cover)  # a value of weight 0 is never picked
     cum = np.cumsum(weight)  # whole numbers below 2**53: exact
     # numpy's percentile, method 'linear' (numpy.lib._function_base_impl._quantile)
     q = np.true_divide(np.asarray(PERCENTILES), 100)
