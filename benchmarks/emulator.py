@@ -48,7 +48,8 @@ from twin.workload import from_spec  # noqa: E402
 
 SMALL = ["--model-path", "meta-llama/Llama-3.1-8B", "--tp-size", "1", "--gpu",
          "h100-sxm-80gb", "--step-time-backend", "roofline"]
-A100_LOAD = "arrival=poisson,rate=2,n={n},prompt=lognormal:800:0.5,output=uniform:50:150"
+A100_LOAD = ("arrival=poisson,rate={rate:g},n={n},prompt=lognormal:800:0.5,"
+             "output=uniform:50:150")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -115,12 +116,13 @@ def machine_probe(seconds: float) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
-def a100_load(n_servers: int, n_requests: int) -> None:
-    spec = A100_LOAD.format(n=n_requests)
-    print(f"\n2. {n_servers} emulator(s) at speed 1, each replaying {spec} (default "
-          "deployment: 32B on 2x A100-80GB PCIe, TP 2)")
+def a100_load(n_servers: int, n_requests: int, speed: float = 1.0) -> None:
+    spec = A100_LOAD.format(n=n_requests, rate=2 * speed)
+    print(f"\n2. {n_servers} emulator(s) at speed {speed:g}, each replaying {spec} on the "
+          f"wall clock (2 req/s simulated; default deployment: 32B on 2x A100-80GB PCIe, "
+          "TP 2)")
     work = from_spec(spec, 0)
-    with_ems = [EmulatorProcess(["--speed", "1"]) for _ in range(n_servers)]
+    with_ems = [EmulatorProcess(["--speed", str(speed)]) for _ in range(n_servers)]
     for em in with_ems:
         em.start()
     try:
@@ -180,6 +182,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--servers", type=int, default=4, help="emulators run at once in part 2")
     ap.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
+    ap.add_argument("--speed", type=float, default=1.0,
+                    help="part 2's speed factor (the replay's rate scales with it)")
     ns = ap.parse_args()
     parts = {int(p) for p in ns.parts.split(",")}
     print(f"benchmarks/emulator.py on {platform.node()} ({platform.processor() or 'cpu'}, "
@@ -189,8 +193,8 @@ def main() -> None:
     if 1 in parts:
         throughput(300 if ns.quick else 2000, 16)
     if 2 in parts:
-        a100_load(1, 20 if ns.quick else 120)
-        a100_load(ns.servers, 20 if ns.quick else 120)
+        a100_load(1, 20 if ns.quick else 120, ns.speed)
+        a100_load(ns.servers, 20 if ns.quick else 120, ns.speed)
     if 3 in parts:
         agreement([4] if ns.quick else [1, 4, 8])
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
