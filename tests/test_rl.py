@@ -191,13 +191,15 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     assert not list(tmp_path.glob("*.zip")) and not list(tmp_path.glob("*.pkl"))
 
 
-def test_shipped_policy_runs_with_numpy_alone():
-    spec = read_spec("learned:finance-qa")
+@pytest.mark.parametrize("name,features", [("finance-qa", "pass-v1"),
+                                           ("finance-qa-v2", "pass-v2")])
+def test_shipped_policy_runs_with_numpy_alone(name, features):
+    spec = read_spec(f"learned:{name}")
     pol = build_policy(spec)
-    assert pol.kind == "selector"
+    assert pol.kind == "selector" and pol.features == features
     check_policy(pol)
     about = json.loads(Path(spec.params["weights"]).with_suffix(".json").read_text())
-    assert about["evaluation"] and about["train"]
+    assert about["evaluation"] and about["train"] and about["command"]
     with pytest.raises(Exception, match="not a shipped policy"):
         read_spec("learned:no-such-policy")
 
@@ -289,3 +291,26 @@ def test_weight_file_names_its_feature_set(tmp_path):
         LearnedPolicy(weights=str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="feature set"):
         preset("tiny", features="pass-v9")
+
+
+def test_shipped_v2_policy_switches_rules_within_an_episode():
+    """learned:finance-qa-v2 is not one rule in disguise: on a 150 % load episode of the
+    users' deployment it picks both hold-documents and laxity, and accounts for every
+    request."""
+    cfg = preset("finance-qa-deadline-v2")
+    pol = build_policy(read_spec("learned:finance-qa-v2"))
+    picks: list[str] = []
+    pick = pol.choice
+
+    def choice(snap):
+        c = pick(snap)
+        picks.append(pol.menu[c])
+        return c
+
+    pol.choice = choice
+    wl = episode_workload(cfg, 2_000_000, {"load": 1.5, "burst_cv": 2.0})
+    from experiments.rl.env import capacity_of, step_time_for
+
+    ledger, records, _ = run_policy(cfg, wl, step_time_for(cfg), capacity_of(cfg), pol)
+    assert len(records) == len(wl.requests) == len(ledger.outcome)
+    assert {"hold-documents", "laxity"} <= set(picks)
