@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "processes on several ports make a fleet (put the sglang-router in front). "
         "Times in responses and /metrics are the emulated server's (at --speed F a "
         "client's wall clock sees 1/F of them). docs/emulator.md.",
-        epilog="example: servetwin emulate --model-path meta-llama/Llama-3.1-8B-Instruct "
+        epilog="example: servetwin emulate --model-path meta-llama/Llama-3.1-8B "
         "--tp-size 1 --gpu h100-sxm-80gb --port 30000 --speed 10")
     add_server_args(p)
     e = p.add_argument_group("the emulated server")
