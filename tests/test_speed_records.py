@@ -1,5 +1,6 @@
-"""RecordTable's records built from its columns (twin/record_table.py, `_record`) are the
-dict path's (`twin.metrics.twin_records`), field for field and type for type."""
+"""RecordTable's records built from its columns (twin/record_table.py, `_record`), and so
+`twin_records`, are the plain per-request path's (`twin.metrics.records_one_by_one`), field
+for field and type for type."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from helpers import GPU, MODEL
 
 from twin.config import ServerArgs
-from twin.metrics import twin_records
+from twin.metrics import records_one_by_one, twin_records
 from twin.sim import SimConfig, simulate
 from twin.workload import from_spec
 
@@ -39,9 +40,11 @@ def test_records_from_columns_are_the_dict_path(name: str) -> None:
     res = simulate(from_spec(spec, seed=1), SimConfig(args=args, gpu=GPU,
                                                       step_time_backend="roofline", **twin))
     table = res.records
-    want = twin_records(table._reqs, table._ends)
+    want = records_one_by_one(table._reqs, table._ends)
     got = list(table)
     assert [_typed(r) for r in got] == [_typed(r) for r in want]
+    assert [_typed(r) for r in twin_records(table._reqs, table._ends)] == [
+        _typed(r) for r in want]
     assert table[-1] == want[-1] and table[2:7:2] == want[2:7:2]
     with pytest.raises(IndexError):
         table[len(table)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,16 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 def twin_records(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
     """Records from the replica's finished requests, in order of arrival (then rid).
     Token times are rebuilt from each request's emission events over the replica's
-    step-end timeline."""
+    step-end timeline. Built from columns (twin/record_table.py): the same dicts as
+    `records_one_by_one`, the reference it is tested against."""
+    from twin.record_table import RecordTable
+
+    return list(RecordTable(finished, step_end))
+
+
+def records_one_by_one(finished: Sequence, step_end: Sequence[float]) -> list[dict]:
+    """`twin_records` the plain way: each request's token times concatenated, differenced
+    and rounded on their own (the reference for the column path)."""
     ends = np.asarray(step_end, dtype=float)
     out = []
     for r in sorted(finished, key=lambda r: (r.arrival_s, r.index)):
@@ -127,8 +137,8 @@ def summarize(records: Sequence[dict], slo: SLO | None = None,
         return records.summary(slo, duration_s)
     cols = {k: [r.get(k) for r in records] for k in _SUMMARY_COLUMNS}
     ok = [r for r in records if r["status"] == "ok"]
-    itl = np.concatenate([np.asarray(r["itl_s"] or [], dtype=float) for r in ok]) \
-        if ok else np.empty(0)
+    # the same array as concatenating each record's gaps, built from one flat list
+    itl = np.array(list(chain.from_iterable(r["itl_s"] or () for r in ok)), dtype=float)
     return summary_from_columns(cols, itl, slo, duration_s)
 
 

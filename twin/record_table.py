@@ -1,6 +1,6 @@
 """Records of a finished simulation without building a dict per request (issue 14).
 
-`RecordTable` is a read-only sequence of the same records `twin_records` builds (indexing
+`RecordTable` is a read-only sequence of the same records `records_one_by_one` builds (indexing
 or iterating it builds each dict on demand), plus the two things a run does with all of
 them at once, written for speed: `lines()`, the JSON lines of `requests.jsonl`, and
 `summary()`, the same summary as `summarize`. Both are byte for byte what the dict path
@@ -64,7 +64,7 @@ class RecordTable(Sequence):
             yield self._record(i)
 
     def _record(self, i: int) -> dict:
-        """`twin_records([request i], step_end)[0]`, from the table's columns: the gaps
+        """`records_one_by_one([request i], step_end)[0]`, from the table's columns: the gaps
         are the timeline's differences (the same subtractions, rounded alike)."""
         plans = self._plan()[0]
         if self._gap_floats is None:
