@@ -123,6 +123,10 @@ def main() -> None:
                          "default: every heuristic of the registry)")
     ap.add_argument("--no-speed", action="store_true",
                     help="skip the environment-speed measurement")
+    ap.add_argument("--speed-envs", nargs="+", default=None, metavar="PRESET",
+                    help="only the environment speed of these presets, side by side in this "
+                         "run (e.g. finance-qa-deadline finance-qa-deadline-v2: the cost of "
+                         "the pass-v2 features)")
     ap.add_argument("--live", action="store_true",
                     help="also the comparison on the CPU SGLang server and its calibrated "
                          "twin (experiments/rl/live.py)")
@@ -139,6 +143,14 @@ def main() -> None:
                     help="print the live tables from --live-out's records, run nothing")
     ns = ap.parse_args()
     ns.live_only = ns.live_only or ns.live_report
+    if ns.speed_envs:
+        print(f"date {datetime.date.today()}; machine {machine()}")
+        for name in ns.speed_envs:
+            cfg = preset(name)
+            speed, steps = env_speed(cfg, 4)
+            print(f"{name} ({cfg.features}, menu {', '.join(cfg.menu)}): {speed:,.0f} "
+                  f"decisions per CPU-second ({steps} decisions, 4 episodes, random actions)")
+        return
     if not ns.live_only:
         twin_comparison(ns)
     if ns.live or ns.live_only:
