@@ -31,8 +31,10 @@ AXES = {  # name: (what varies, flags over the users' deployment)
                                                    "h100-sxm-80gb,h200-sxm-141gb", "tp": "2,4"}),
     "models": ("a smaller model", {"models": "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B,"
                                    "meta-llama/Llama-3.1-8B,Qwen/Qwen3-8B,Qwen/Qwen3-32B"}),
-    "quantization": ("quantized weights of their model class", {
-        "quantization": "none,fp8,awq,gptq", "gpus": "a100-pcie-80gb,h100-sxm-80gb"}),
+    "quantization": ("quantized weights of their model class (all on the roofline step "
+                     "time: aiconfigurator's opdb has no data for the quantized variants)", {
+        "quantization": "none,fp8,awq,gptq", "gpus": "a100-pcie-80gb,h100-sxm-80gb",
+        "step_time_backends": "roofline"}),
     "policies": ("scheduling policy (two servers)", {"replicas": "2", "policies": "fcfs,lpm,lof,"
                  "priority,shortest-prefill-first,slices,deadline,menu"}),
 }
@@ -160,12 +162,15 @@ def ramp_lines(p: dict) -> list[str]:
     ramp = p.get("ramp")
     if not ramp:
         return ["(no ramp)"]
-    out = [f"Ramp on {ramp['candidate']}, {ramp['step_s']:g} s per step:", "",
+    out = [f"Ramp on {ramp['candidate']}, {ramp['step_s']:g} s per step (P99 TTFT of "
+           f"`{ramp.get('watched', 'all requests')}`'s requests; all requests in brackets):",
+           "",
            "| load | req/s | P99 TTFT (s) | P99 TPOT (s) | P99 E2E (s) | "
            + " | ".join(ramp["first_break"]) + " |",
            "|---|---|---|---|---|" + "---|" * len(ramp["first_break"])]
     for st in ramp["steps"]:
-        out.append(f"| {st['load_pct']} % | {st['rps']:.3f} | {fmt(st['ttft_p99_s'])} | "
+        out.append(f"| {st['load_pct']} % | {st['rps']:.3f} | {fmt(st['ttft_p99_s'])} "
+                   f"({fmt(st.get('ttft_p99_all_s'))}) | "
                    f"{fmt(st['tpot_p99_s'])} | {fmt(st['e2e_p99_s'])} | "
                    + " | ".join("meets" if v else "breaks" for v in st["meets"].values()) + " |")
     brk = ", ".join(f"`{k}` first breaks at {v} %" if v else f"`{k}` holds to 200 %"
