@@ -1,6 +1,7 @@
-"""The shipped learned policy (`learned:finance-qa`) inside the real CPU SGLang server
-through the plugin: a burst of short and longer requests is served with every request
-complete and no fallback to SGLang's own scheduling (docs/rl.md)."""
+"""The shipped learned policies (`learned:finance-qa`, pass-v1; `learned:finance-qa-v2`,
+pass-v2, whose features the plugin computes with the deadline rules' grouping) inside the
+real CPU SGLang server through the plugin: a burst of short and longer requests is served
+with every request complete and no fallback to SGLang's own scheduling (docs/rl.md)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ BURST = [(40, 24, 0), (600, 16, 0), (40, 8, 10), (300, 12, 0), (40, 20, 20), (90
          (40, 16, 0), (120, 10, 10)]
 
 
-@pytest.fixture(scope="module")
-def learned_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["learned:finance-qa", "learned:finance-qa-v2"])
+def learned_server(request, tmp_path_factory):
     if os.environ.get("SERVETWIN_NO_LIVE") == "1":
         pytest.skip("live SGLang tests switched off by SERVETWIN_NO_LIVE=1")
     from runtime.cpu.install import ensure_plugin, require_harness
@@ -33,7 +34,7 @@ def learned_server(tmp_path_factory):
     ensure_plugin(require_harness(), log=lambda line: None)
     d = tmp_path_factory.mktemp("learned")
     log = d / "decisions.jsonl"
-    env = plugin_env("learned:finance-qa", log)
+    env = plugin_env(request.param, log)
     with CpuServer(FLAGS, env=env, log_path=d / "server.log") as server:
         yield server, log
 
