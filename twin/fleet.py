@@ -392,6 +392,9 @@ class Kinds:
 def build_fleet(env: simpy.Environment, spec: FleetSpec, workload: Workload,
                 horizon_s: float | None = None, kinds: Kinds | None = None,
                 debug_checks: bool = False) -> Deployment:
+    if workload.clients != "replay":  # the fleet keeps every request's record
+        raise ConfigError(f"workload {workload.name}: clients={workload.clients} is for one "
+                          "server (servetwin simulate); a fleet takes clients=replay")
     kinds = kinds or Kinds()
     seeds = np.random.SeedSequence(spec.seed).generate_state(len(spec.pools) + 1).tolist()
     router = _top_router(spec, seeds)

@@ -29,7 +29,7 @@ from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.request_path import OFF as REQUEST_PATH_OFF
 from twin.request_path import SGLANG_0_5_23, RequestPath
 from twin.source import Source
-from twin.workload import Workload
+from twin.workload import WARMUP_RID, Workload
 
 
 @dataclass(frozen=True)
@@ -246,13 +246,19 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         env.run()
     except KeyboardInterrupt:  # keep what is done: every request still gets its record
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
+    finished = rep.finished
+    if workload.clients == "bench":  # bench_serving's warm-up is not measured (no record)
+        finished = [r for r in finished if not r.req.rid.startswith(WARMUP_RID)]
     if interrupted:
-        records = with_unfinished(twin_records(rep.finished, rep.step_end), workload,
+        records = with_unfinished(twin_records(finished, rep.step_end), workload,
                                   interrupted, env.now)
     else:  # built on demand; written and summarised from columns (twin/record_table.py)
-        records = RecordTable(rep.finished, rep.step_end)
+        records = RecordTable(finished, rep.step_end)
     counters = dict(rep.counters.__dict__)
     summary = summarize(records, slo)
+    if workload.clients == "bench":
+        summary["warmup"] = {"requests": len(rep.finished) - len(finished),
+                             "measured": False}  # served before the loop, as bench_serving
     if interrupted:
         summary["partial"] = {"stop_reason": interrupted, "simulated_s": round(env.now, 6),
                               "unfinished": sum(r["status"] == "aborted" for r in records)}

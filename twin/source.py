@@ -11,7 +11,7 @@ import heapq
 from collections import deque
 
 from twin.request_path import OFF, RequestPath, Tokenizer
-from twin.workload import Request, Workload
+from twin.workload import BENCH_WARMUP_GAP_S, BENCH_WARMUP_OUTPUT, WARMUP_RID, Request, Workload
 
 
 class Source:
@@ -28,6 +28,17 @@ class Source:
     def __init__(self, workload: Workload, path: RequestPath = OFF) -> None:
         self._pending = deque(workload.requests)
         self._limit = workload.concurrency
+        # bench_serving's warm-up (workload.clients == "bench"): sent first; the measured
+        # requests wait for it to end, then BENCH_WARMUP_GAP_S, and are sent from then on
+        self._warm: deque[Request] = deque()
+        self._warm_left = 0
+        self._offset = 0.0  # added to every measured request's arrival time
+        if workload.clients == "bench" and workload.requests:
+            first = workload.requests[0]
+            self._warm.append(Request(f"{WARMUP_RID}0", 0.0, first.segments,
+                                      min(first.output_tokens, BENCH_WARMUP_OUTPUT),
+                                      first.priority, first.prompt_tokens))
+            self._warm_left = len(self._warm)
         self._in_flight = 0
         self._ready: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
         self._sent: dict[int, float] = {}  # seq -> client send time (with a path only)
@@ -37,10 +48,16 @@ class Source:
         self._fill(0.0)
 
     def _fill(self, now: float) -> None:
-        while self._pending and (self._limit is None or self._in_flight < self._limit):
-            req = self._pending.popleft()
+        while self._limit is None or self._in_flight < self._limit:
+            if self._warm:
+                req = self._warm.popleft()
+                sent = max(req.arrival_s, now)
+            elif self._warm_left or not self._pending:
+                break
+            else:
+                req = self._pending.popleft()
+                sent = max(req.arrival_s + self._offset, now)
             self._in_flight += 1
-            sent = max(req.arrival_s, now)
             at = sent
             if self._tokenizer is not None:
                 at = self._tokenizer.arrival(sent, req.prompt_tokens)
@@ -73,7 +90,12 @@ class Source:
         """A request left the system: a closed-loop client sends its next one (when the
         final chunk reached it)."""
         self._in_flight -= 1
-        self._fill(now + self._path.egress_s)
+        back = now + self._path.egress_s
+        if self._warm_left:  # only warm-ups are in flight until the last one is back
+            self._warm_left -= 1
+            if not self._warm_left:
+                self._offset = back + BENCH_WARMUP_GAP_S
+        self._fill(back)
 
     @property
     def exhausted(self) -> bool:

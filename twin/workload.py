@@ -53,6 +53,19 @@ class Request:
                    sum(n for _, n in segs))
 
 
+# Whose closed-loop clients a workload models (`clients=`, arrival=closed only):
+# - replay: servetwin's own replay client (runtime/client.py): the first requests are sent
+#   together at 0, each next one when a slot frees;
+# - bench: SGLang's `bench_serving --max-concurrency` (sglang.benchmark.serving.benchmark):
+#   the same, after its warm-up: one copy of the first request (output capped at 32
+#   tokens) is served first and left in the radix cache (no flush), then the clients
+#   sleep 1 s and start; the warm-up is not measured (no record), as bench_serving's.
+CLIENTS = ("replay", "bench")
+BENCH_WARMUP_OUTPUT = 32  # bench_serving: output_len=min(test_request.output_len, 32)
+BENCH_WARMUP_GAP_S = 1.0  # bench_serving: `await asyncio.sleep(1.0)` after the warm-up
+WARMUP_RID = "warmup-"  # rid prefix of a warm-up request (no record)
+
+
 @dataclass(frozen=True)
 class Workload:
     """Requests in arrival order. With `concurrency` set it is closed-loop: at most that
@@ -65,10 +78,17 @@ class Workload:
     reference: Mapping[str, dict] = field(default_factory=dict)  # measured ttft/itls by rid
     description: str = ""
     notes: tuple[str, ...] = ()  # what a reader changed on the way in (rows sorted, ...)
+    clients: str = "replay"  # closed loop: whose clients (CLIENTS)
 
     def __post_init__(self) -> None:
         if self.concurrency is not None:  # 0 clients would never send anything
             check(f"workload {self.name}: concurrency", self.concurrency, COUNT)
+        if self.clients not in CLIENTS:
+            raise ConfigError(f"workload {self.name}: clients={self.clients!r}: allowed "
+                              f"values: {', '.join(CLIENTS)}")
+        if self.clients != "replay" and self.concurrency is None:
+            raise ConfigError(f"workload {self.name}: clients={self.clients} is for a closed "
+                              "loop (arrival=closed)")
 
 
 # ---- length distributions ---------------------------------------------------------------
@@ -138,6 +158,8 @@ SPEC_KEYS: dict[str, str] = {
     "cv": "coefficient of variation of gamma inter-arrival gaps (default 2)",
     "n": "number of requests (not for ramp)",
     "concurrency": "clients for arrival=closed (each sends its next request when its last ends)",
+    "clients": "arrival=closed: replay (servetwin's replay client, default) | bench (SGLang "
+               "bench_serving's: a warm-up copy of the first request, 1 s, then the loop)",
     "steps": "ramp fractions of the peak, ':'-separated (default 0.25:0.5:1:1.5:2)",
     "step_s": "seconds per ramp step (default 60)",
     "prompt": "length of each request's own prompt part, after any system prompt and template (default uniform:1000:4000)",
@@ -156,7 +178,7 @@ SPEC_HELP = "workload spec keys: " + "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS
 ARRIVAL_KEYS = {
     "poisson": ("rate", "n"),
     "gamma": ("rate", "cv", "n"),
-    "closed": ("concurrency", "n"),
+    "closed": ("concurrency", "n", "clients"),
     "ramp": ("rate", "steps", "step_s"),
 }
 COMMON_KEYS = ("arrival", "prompt", "output", "templates", "template_len", "share",
@@ -247,7 +269,12 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
         segs.append((ids.unique(), rest))
         requests.append(Request.make(f"r{i}", times[i], segs, int(outputs[i]),
                                      int(prio[tier[i]])))
-    return Workload(name or spec, tuple(requests), concurrency, description=spec)
+    clients = opts.get("clients", "replay")
+    if clients not in CLIENTS:
+        raise ConfigError(f"workload key clients={clients!r}: allowed values: "
+                          f"{', '.join(CLIENTS)}")
+    return Workload(name or spec, tuple(requests), concurrency, description=spec,
+                    clients=clients)
 
 
 def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
