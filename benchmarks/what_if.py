@@ -99,6 +99,8 @@ servetwin plan --workload 'arrival=poisson,rate=4,n=2000' --target-rps 6 \\
 
 
 def run_plan(out: Path, flags: dict, slo: str, ns) -> dict:
+    if ns.render_only:  # read back what an earlier run left
+        return json.loads((out / "plan.json").read_text())
     args = [sys.executable, "-m", "servetwin.cli", "plan", "--out", str(out), "--slo", slo,
             "--jobs", str(ns.jobs), "--requests", str(ns.requests), "--quiet"]
     for k, v in flags.items():
@@ -137,7 +139,8 @@ def table(p: dict, limit: int | None = None) -> list[str]:
         lines.append(
             f"| {r['id']} | {r['label']} | {r['gpus']} | {r['cost_per_hour']:.2f} | "
             f"{r['status']}{': ' + r['reason'][:90] if r['reason'] else ''} | "
-            f"{fmt(a.get('ttft_p99_s'))} | {fmt(slo.get('value_s'), '.3f', 'inf')} | "
+            f"{fmt(a.get('ttft_p99_s'))} | "
+            f"{fmt(slo.get('value_s'), '.3f', 'inf' if a else '-')} | "
             f"{fmt(slo.get('share'), '.1%')} | {'yes' if a.get('meets_slo') else 'no'} | "
             f"{fmt(r['max_load']['rps'], '.3g', 'none')} | {fmt(r['headroom'], '+.0%')} |")
     return lines
@@ -189,7 +192,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "what-if.md")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rebuild the page from the plans already in --out")
     ns = ap.parse_args()
+
     users = run_plan(ns.out / "users", {}, ALL, ns)
     short = run_plan(ns.out / "short", {}, SHORT, ns)
     axes = {name: run_plan(ns.out / name, {**USERS, **flags}, SHORT, ns)

@@ -198,3 +198,22 @@ def test_a_twin_only_policy_launches_through_the_plugin():
     cand = replace(Candidate("c0001", GPU, 1, 1, MODEL), policy="slices")
     text = launch_command(cand)
     assert "SERVETWIN_POLICY=slices" in text and "sglang.launch_server" in text
+
+
+def test_the_ramp_reads_each_step_against_the_slo_it_covers():
+    from types import SimpleNamespace
+
+    from experiments.plan.ramp import analyse
+
+    def rec(t: float, prompt: int, ttft: float) -> dict:
+        return {"arrival_s": t, "prompt_tokens": prompt, "priority": 0, "status": "ok",
+                "ttft_s": ttft, "tpot_s": 0.01, "e2e_s": ttft + 1}
+
+    records = [rec(1.0 + i, 500, 0.1) for i in range(5)] + [rec(2.5, 20_000, 5.0)]
+    records += [rec(11.0 + i, 500, 2.0) for i in range(5)]
+    q = SimpleNamespace(slos=(parse_slo("ttft:p99:1.5:prompt<10000"),), target_rps=1.0)
+    ramp = analyse(records, q, step_s=10, window_s=5, pcts=(25, 50))
+    assert [s["meets"]["ttft:p99:1.5:prompt<10000"] for s in ramp["steps"]] == [True, False]
+    assert ramp["first_break"] == {"ttft:p99:1.5:prompt<10000": 50}
+    assert ramp["steps"][0]["ttft_p99_s"] == 0.1 and ramp["steps"][0]["ttft_p99_all_s"] == 5.0
+    assert [w["ttft_p99_s"] for w in ramp["windows"]] == [0.1, 0.1, 2.0, 2.0]  # shorts only
