@@ -2,6 +2,7 @@
 
     python benchmarks/serving_points.py [--groups SUBSTR ...] [--limit N] [--waves 4]
                                         [--rows] [--no-aic] [--json OUT] [--server KEY=VALUE ...]
+                                        [--clients bench,replay]
 
 Every SGLang aggregated row of `aiconfigurator_core/systems/silicon_sample.csv` (mean TTFT
 and TPOT measured with bench_serving at a fixed concurrency C, fixed input and output
@@ -9,7 +10,11 @@ lengths, `ignore_eos`) whose model and GPU the twin covers with measured step ti
 `opdb` backend: aiconfigurator-core's per-op data for that GPU) is replayed in the twin as
 a closed loop: `arrival=closed,concurrency=C,n=WAVES*C,prompt=fixed:ISL,output=fixed:OSL`
 with SGLang's default server arguments for that GPU and TP size. Rows the twin cannot run
-on measured data are listed as skipped, with the reason.
+on measured data are listed as skipped, with the reason. `--clients` says whose closed-loop
+clients the twin models (twin/workload.py CLIENTS): `bench` (bench_serving's, with its
+warm-up copy of the first request left in the radix cache; the default, as the rows were
+measured) and/or `replay` (servetwin's replay client: every client starts at 0); with
+both, the table shows them side by side (first one first).
 
 Beside the twin: AIConfigurator's own estimate of the same row, as its `cli estimate` agg
 path computes it (`backend.run_agg(model, database, RuntimeConfig(isl, osl, batch_size=C),
@@ -41,9 +46,10 @@ from twin.errors import ConfigError, InfeasibleError  # noqa: E402
 from twin.models import aic_model_id  # noqa: E402
 from twin.perf import default_backend, make_step_time  # noqa: E402
 from twin.sim import SimConfig, simulate  # noqa: E402
-from twin.workload import from_spec  # noqa: E402
+from twin.workload import CLIENTS, from_spec  # noqa: E402
 
-SPEC = "arrival=closed,concurrency={c},n={n},prompt=fixed:{isl},output=fixed:{osl}"
+SPEC = ("arrival=closed,concurrency={c},n={n},prompt=fixed:{isl},output=fixed:{osl},"
+        "clients={clients}")
 # aiconfigurator system -> the twin's GPU entry
 GPUS = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "a100_sxm": "a100-sxm-80gb"}
 # an instruct checkpoint has its base model's architecture
@@ -126,9 +132,10 @@ def step_time(row: Row, extra: dict, cache: dict):
     return cache[key]
 
 
-def twin_point(row: Row, extra: dict, waves: int, st) -> tuple[float, float]:
+def twin_point(row: Row, extra: dict, waves: int, st, clients: str) -> tuple[float, float]:
     args = server_args(row, extra)
-    spec = SPEC.format(c=row.conc, n=waves * row.conc, isl=row.isl, osl=row.osl)
+    spec = SPEC.format(c=row.conc, n=waves * row.conc, isl=row.isl, osl=row.osl,
+                       clients=clients)
     res = simulate(from_spec(spec, seed=0), SimConfig(args=args, gpu=GPUS[row.system]),
                    step_time=st)
     ok = [r for r in res.records if r["status"] == "ok"]
@@ -203,18 +210,21 @@ def bias(xs: list[float | None]) -> str:
     return f"{100 * statistics.fmean(vals):+.1f}%" if vals else "-"
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], clients: list[str]) -> str:
     groups: dict[str, list[dict]] = {}
     for r in results:
         groups.setdefault(r["group"], []).append(r)
-    lines = ["| group (SGLang measured) | rows | twin TTFT MAE (bias) | twin TPOT MAE (bias) "
-             "| AIC TTFT MAE | AIC TPOT MAE |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    head = "".join(f"| twin ({c}) TTFT MAE (bias) | twin ({c}) TPOT MAE (bias) " for c in clients)
+    lines = [f"| group (SGLang measured) | rows {head}| AIC TTFT MAE | AIC TPOT MAE |",
+             "| --- | ---: " + "| ---: " * (2 * len(clients)) + "| ---: | ---: |"]
     for name, rs in [*groups.items(), ("**all rows**", results)]:
-        e = {k: [r[k] for r in rs] for k in ("e_ttft", "e_tpot", "a_ttft", "a_tpot")}
         ver = "" if name.startswith("**") else f" ({rs[0]['sglang']})"
-        lines.append(f"| {name}{ver} | {len(rs)} | {mae(e['e_ttft'])} ({bias(e['e_ttft'])}) "
-                     f"| {mae(e['e_tpot'])} ({bias(e['e_tpot'])}) | {mae(e['a_ttft'])} "
-                     f"| {mae(e['a_tpot'])} |")
+        cells = ""
+        for c in clients:
+            e_t, e_p = [r[f"e_ttft_{c}"] for r in rs], [r[f"e_tpot_{c}"] for r in rs]
+            cells += f"| {mae(e_t)} ({bias(e_t)}) | {mae(e_p)} ({bias(e_p)}) "
+        a_t, a_p = [r["a_ttft"] for r in rs], [r["a_tpot"] for r in rs]
+        lines.append(f"| {name}{ver} | {len(rs)} {cells}| {mae(a_t)} | {mae(a_p)} |")
     return "\n".join(lines)
 
 
@@ -256,7 +266,15 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="write per-row results here")
     ap.add_argument("--server", nargs="*", default=[], metavar="KEY=VALUE",
                     help="server arguments for every row (e.g. disable_overlap_schedule=1)")
+    ap.add_argument("--clients", default="bench",
+                    help="whose closed-loop clients the twin models, ','-separated: bench "
+                         "(bench_serving's, as the rows were measured; default), replay "
+                         "(servetwin's replay client); two are shown side by side")
     a = ap.parse_args()
+    clients = [c.strip() for c in a.clients.split(",") if c.strip()]
+    bad = [c for c in clients if c not in CLIENTS]
+    if bad or not clients:
+        raise SystemExit(f"--clients {a.clients}: allowed values: {', '.join(CLIENTS)}")
     logging.disable(logging.WARNING)  # aiconfigurator's gap-filling notices
     extra = parse_server(a.server)
     rows = [r for r in load_rows() if not a.groups or any(g in r.group for g in a.groups)]
@@ -274,11 +292,17 @@ def main() -> int:
         per_group[r.group] = per_group.get(r.group, 0) + 1
         if a.limit is not None and per_group[r.group] > a.limit:
             continue
-        tt, tp = twin_point(r, extra, a.waves, st)
+        twin = {}
+        for c in clients:
+            tt, tp = twin_point(r, extra, a.waves, st, c)
+            twin.update({f"twin_ttft_{c}": tt, f"twin_tpot_{c}": tp,
+                         f"e_ttft_{c}": err(tt, r.ttft_ms), f"e_tpot_{c}": err(tp, r.tpot_ms)})
         at, ap_ = aic_point(aic, r)
-        results.append({**r.__dict__, "group": r.group, "twin_ttft": tt, "twin_tpot": tp,
-                        "aic_ttft": at, "aic_tpot": ap_, "e_ttft": err(tt, r.ttft_ms),
-                        "e_tpot": err(tp, r.tpot_ms), "a_ttft": err(at, r.ttft_ms),
+        first = clients[0]
+        results.append({**r.__dict__, "group": r.group, **twin,
+                        "twin_ttft": twin[f"twin_ttft_{first}"],
+                        "twin_tpot": twin[f"twin_tpot_{first}"],
+                        "aic_ttft": at, "aic_tpot": ap_, "a_ttft": err(at, r.ttft_ms),
                         "a_tpot": err(ap_, r.tpot_ms)})
         print(f"\r{len(results)} rows, {time.perf_counter() - t0:.0f} s", end="",
               file=sys.stderr, flush=True)
@@ -287,11 +311,12 @@ def main() -> int:
     print(f"Measured {stamp} on {platform.node()}: {platform.machine()}, "
           f"{platform.processor() or 'cpu'}, Python {platform.python_version()}; "
           f"{len(results)} rows in {time.perf_counter() - t0:.0f} s.")
-    print(f"Workload per row: `{SPEC.format(c='C', n=f'{a.waves}xC', isl='ISL', osl='OSL')}`"
+    spec = SPEC.format(c='C', n=f'{a.waves}xC', isl='ISL', osl='OSL', clients=a.clients)
+    print(f"Workload per row: `{spec}`"
           f" (seed 0), SGLang's default server arguments"
           + (f" with {', '.join(a.server)}" if a.server else "") + ", step times `opdb`.")
     print(f"Data: {csv_path().name} (aiconfigurator-core), SGLang aggregated rows.\n")
-    print(table(results))
+    print(table(results, clients))
     if a.rows:
         print("\n" + row_table(results))
     reasons: dict[str, list] = {}
