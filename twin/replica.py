@@ -670,6 +670,7 @@ class Replica(Inbox, KVMemory, CutRuns):
 
     def _leave(self, r: SimRequest, status: str, error: str) -> None:
         r.status, r.error = status, error
+        r.view_cache = None  # no decision sees it again: a day's worth of views freed
         if r.finish_s is None:
             r.finish_s = self.env.now
         self.finished.append(r)
