@@ -112,3 +112,17 @@ def test_memo_shared_by_the_same_backend_under_the_same_wrappers():
     other = OverlapStepTime(a)
     assert m.decode(7, 7 * 1500, 40).tobytes() == other.decode_times(
         7, np.arange(7 * 1500, 7 * 1540, 7)).tobytes()
+
+
+def test_a_shared_memo_goes_with_its_backend():
+    import gc
+    import weakref
+
+    from twin.perf.step_cache import memo_for
+
+    st = _model("roofline", False)
+    memo_for(OverlapStepTime(st)).decode(3, 3000, 10)
+    gone = weakref.ref(st)
+    del st
+    gc.collect()
+    assert gone() is None  # nothing module-level keeps a backend (or its memo) alive

@@ -18,7 +18,6 @@ are the same either way).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -120,8 +119,9 @@ class StepTimeCache:
 
 
 # one memo per backend object (and chain of overlap wrappers around it): the replicas of a
-# fleet, and the runs of a planner that passes the same model to every simulation, share it
-_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# fleet, and the runs of a planner that passes the same model to every simulation, share it.
+# It hangs on the backend itself (a module-level table would keep every backend alive:
+# the memo refers to its model), so it goes with the backend.
 
 
 def memo_for(st: StepTimeModel) -> StepTimeCache:
@@ -133,11 +133,13 @@ def memo_for(st: StepTimeModel) -> StepTimeCache:
     inner, depth = st, 0
     while type(inner) is OverlapStepTime:
         inner, depth = inner.inner, depth + 1
-    try:
-        per_depth = _SHARED.setdefault(inner, {})
-    except TypeError:  # not weakly referable: nothing to share by
-        return StepTimeCache(st)
-    memo = per_depth.get(depth)
+    memos = getattr(inner, "_step_memos", None)
+    if not isinstance(memos, dict):
+        try:
+            memos = inner._step_memos = {}
+        except AttributeError:  # slots or frozen: nothing to share by
+            return StepTimeCache(st)
+    memo = memos.get(depth)
     if memo is None:
-        memo = per_depth[depth] = StepTimeCache(st)
+        memo = memos[depth] = StepTimeCache(st)
     return memo
