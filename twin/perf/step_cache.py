@@ -1,4 +1,4 @@
-"""Exact memo of a step-time model's answers for one replica (issue 14).
+"""Exact memo of a step-time model's answers (issue 14), shared by the replicas on one backend.
 
 A decode run of b requests from KV sum kv0 needs `decode_times(b, [kv0, kv0 + b, ...])`.
 Every element is a function of its own KV sum only (the backend contract, and each backend
