@@ -5,6 +5,7 @@ files and SLOs, the ramp's alert rule, and the winner's simulate command replayi
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -105,6 +106,23 @@ def test_serial_and_parallel_plans_are_byte_identical_and_resume_skips(tmp_path)
         run_plan(other, src, space, settings(a))
     with pytest.raises(ConfigError, match="candidate c0002 there is .* the search space"):
         run_plan(q, src, parse_space({**TOY, "replicas": [1, 3]}), settings(a))
+
+
+def test_a_plan_on_a_local_ray_is_byte_identical_to_the_serial_one(tmp_path):
+    """`--ray local`: the same groups as Ray tasks on a Ray started on loopback."""
+    if os.environ.get("SERVETWIN_CI") != "1":  # in CI the test extra must have brought it
+        pytest.importorskip("ray", reason="the ray extra is not installed")
+    src, q = toy_question()
+    space = parse_space({**TOY, "replicas": [1, 2], "policies": ["fcfs", "lpm"]})
+    a, b = tmp_path / "serial", tmp_path / "ray"
+    run_plan(q, src, space, settings(a, ramp_step_s=10, window_s=5))
+    run_plan(q, src, space, replace(settings(b, ramp_step_s=10, window_s=5), ray="local"))
+    import ray
+
+    assert not ray.is_initialized()  # the run shut down the Ray it started
+    text_a = (a / "plan.json").read_text()
+    assert text_a.replace(str(a), "DIR") == (b / "plan.json").read_text().replace(str(b), "DIR")
+    assert len(json.loads(text_a)["candidates"]) == 4
 
 
 @pytest.mark.parametrize("doc,where", [

@@ -144,6 +144,7 @@ class Executor:
 
     def __init__(self, jobs: int, ray_address: str | None = None) -> None:
         self.jobs, self.ray_address, self.pool, self.ray = jobs, ray_address, None, None
+        self.own_ray = False  # a Ray this run started ("local"), shut down with it
         if ray_address:
             try:
                 import ray
@@ -151,8 +152,13 @@ class Executor:
                 raise ConfigError("--ray: the ray package is not installed; install the "
                                   "extra: pip install 'servetwin[ray]'") from None
             if not ray.is_initialized():
-                ray.init(address=None if ray_address == "local" else ray_address,
-                         include_dashboard=False, log_to_driver=False)
+                if ray_address == "local":  # a Ray of our own, on loopback only
+                    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
+                             log_to_driver=False)
+                    self.own_ray = True
+                else:
+                    ray.init(address=ray_address, include_dashboard=False,
+                             log_to_driver=False)
             self.ray = ray
         elif jobs > 1:
             import multiprocessing
@@ -182,6 +188,9 @@ class Executor:
 
     def close(self, interrupted: bool = False) -> None:
         """Wait for the workers; on an interrupt stop them (finished candidates are kept)."""
+        if self.own_ray:
+            self.ray.shutdown()
+            self.own_ray = False
         if self.pool is None:
             return
         if interrupted:
