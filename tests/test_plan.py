@@ -21,6 +21,7 @@ from experiments.plan.space import Candidate, parse_space
 from servetwin.cli import main
 from twin.config import ServerArgs
 from twin.errors import ConfigError
+from twin.monitoring import Window
 from twin.sim import SimConfig, simulate
 
 pytestmark = pytest.mark.offline
@@ -170,11 +171,16 @@ def test_an_slo_covers_its_tier_and_prompt_range_and_counts_misses():
 
 def test_three_windows_in_a_row_fire_and_resolve():
     p99s = [0.5, 2.0, 2.0, None, 2.0, 2.0, 1.0, 2.0]
-    windows = [{"start_s": 60.0 * i, "end_s": 60.0 * (i + 1), "ttft_p99_s": v}
+    windows = [Window(60.0 * i, 60.0 * (i + 1), v, 0 if v is None else 5)
                for i, v in enumerate(p99s)]
-    alerts = three_in_a_row(windows, 1.5, 60)
-    # fires at the end of the third high window (an empty one neither counts nor resets)
-    assert [(a["start_s"], a["end_s"]) for a in alerts] == [(300.0, 420.0)]
+    # the monitoring's rule: an empty window is not above (Prometheus' NaN), so the first
+    # run of two high windows does not fire; the second fires at the end of its third
+    assert three_in_a_row(windows, 1.5) == []
+    p99s[3] = 2.0
+    windows = [Window(60.0 * i, 60.0 * (i + 1), v, 5) for i, v in enumerate(p99s)]
+    alerts = three_in_a_row(windows, 1.5)
+    assert [(a["since_s"], a["start_s"], a["end_s"]) for a in alerts] == [(60.0, 240.0, 420.0)]
+    assert alerts[0]["rule"] == "ttft_p99_three_windows" and alerts[0]["peak_s"] == 2.0
 
 
 def test_the_cli_plan_and_the_winners_simulate_command_replay_the_same_records(tmp_path,

@@ -6,11 +6,12 @@ step reports its P99s and whether each SLO holds over the requests that arrived 
 first step where an SLO breaks is its `first_break`. The P99 TTFTs of the steps and the
 windows are over the requests the first TTFT SLO covers (its tier and prompt range; all
 requests when it has none), so they are read against its threshold. The alert rule "P99 TTFT above the SLO
-three windows in a row" is evaluated over windows of `window_s` simulated seconds, each
-window's P99 over the requests whose first token came in it (as a Prometheus histogram
-of TTFT would see them): it fires at the end of the third window in a row above the
-threshold and resolves at the end of the first window at or below it (a window with no
-first token neither counts nor resets).
+three windows in a row" is the monitoring's own (`twin.alerts.default_rules()[0]` with the
+SLO's threshold, over `twin.monitoring.windowed_p99`: one definition for the plan, a
+simulate run, a live replay and the exported Prometheus rule): each window's P99 over the
+requests whose first token came in it (as a Prometheus histogram of TTFT sees them); it
+fires at the end of the third window in a row above the threshold and resolves at the end
+of the first window not above it (an empty window, like Prometheus' NaN, is not above).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import replace
 import numpy as np
 
 from experiments.plan.question import Question, WorkloadSource
+from twin.alerts import default_rules, threshold_alerts
+from twin.monitoring import Window, run_end, windowed_p99
 from twin.workload import Workload, ramp_arrivals
 
 PCTS = (25, 50, 75, 100, 125, 150, 175, 200)
@@ -70,39 +73,19 @@ def analyse(records, q: Question, step_s: float, window_s: float,
     first = {s.name: next((st["load_pct"] for st in steps if not st["meets"][s.name]), None)
              for s in q.slos}
     slo_s = ttft.threshold_s if ttft else 1.5
-    windows = window_p99(watched, window_s, len(pcts) * step_s)
+    ramp_end = len(pcts) * step_s
+    wins = windowed_p99(watched, "ttft", window_s, t_end=max(ramp_end, run_end(watched)))
+    wins = [w for w in wins if w.start_s < ramp_end or w.n]  # no empty window after it
+    windows = [{"start_s": w.start_s, "end_s": w.end_s, "requests": w.n,
+                "ttft_p99_s": w.value} for w in wins]
     return {"slo_s": slo_s, "watched": ttft.name if ttft else "all requests",
             "step_s": step_s, "window_s": window_s, "steps": steps,
             "first_break": first, "windows": windows,
-            "alerts": three_in_a_row(windows, slo_s, window_s)}
+            "alerts": three_in_a_row(wins, slo_s)}
 
 
-def window_p99(recs: list[dict], window_s: float, until_s: float) -> list[dict]:
-    """P99 TTFT per window of first-token time, up to the last first token (or `until_s`)."""
-    firsts = [(r["arrival_s"] + r["ttft_s"], r["ttft_s"]) for r in recs
-              if r["status"] == "ok" and r["ttft_s"] is not None]
-    end = max([until_s, *(t for t, _ in firsts)])
-    n = int(np.ceil(end / window_s))
-    buckets: list[list[float]] = [[] for _ in range(n)]
-    for t, v in firsts:
-        buckets[min(int(t // window_s), n - 1)].append(v)
-    return [{"start_s": k * window_s, "end_s": (k + 1) * window_s, "requests": len(b),
-             "ttft_p99_s": _p99(b)} for k, b in enumerate(buckets)]
-
-
-def three_in_a_row(windows: list[dict], threshold_s: float, window_s: float,
-                   runs: int = 3) -> list[dict]:
-    """The users' yellow alert: P99 TTFT > threshold in `runs` windows in a row."""
-    rule = f"ttft_p99 > {threshold_s:g} s in {runs} windows of {window_s:g} s in a row"
-    alerts, above, start = [], 0, None
-    for w in windows:
-        if w["ttft_p99_s"] is None:  # no first token in the window: no evidence either way
-            continue
-        high = w["ttft_p99_s"] > threshold_s
-        above = above + 1 if high else 0
-        if start is None and above >= runs:
-            start = w["end_s"]
-            alerts.append({"rule": rule, "start_s": start, "end_s": None})
-        elif start is not None and not high:
-            alerts[-1]["end_s"], start = w["end_s"], None
-    return alerts
+def three_in_a_row(windows: list[Window], threshold_s: float) -> list[dict]:
+    """The users' yellow alert over per-window P99 TTFTs, by the monitoring's own rule."""
+    rule = replace(default_rules(threshold_s)[0])
+    return [{"rule": a.rule, "since_s": a.since_s, "start_s": a.start_s, "end_s": a.end_s,
+             "peak_s": a.peak} for a in threshold_alerts(rule, windows)]
