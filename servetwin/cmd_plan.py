@@ -118,7 +118,14 @@ def run(ns: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    plan = run_plan(q, source, space, settings)
+    try:
+        plan = run_plan(q, source, space, settings)
+    except KeyboardInterrupt:
+        done = len(list((Path(ns.out) / "candidates").glob("*.json")))
+        print(f"interrupted: {done} of {len(space.candidates())} candidates finished, kept in "
+              f"{Path(ns.out) / 'candidates'}; the same command resumes from them",
+              file=sys.stderr)
+        return 130
     _print(plan, ns.out)
     return 0
 

@@ -151,3 +151,25 @@ def test_rl_train_ctrl_c_keeps_a_checkpoint_and_resumes(tmp_path):
     again.send_signal(signal.SIGINT)
     again.communicate(timeout=120)
     assert f"at {steps} steps" in line and again.returncode == 130
+
+
+def test_plan_ctrl_c_keeps_the_finished_candidates_and_resumes(tmp_path):
+    out = tmp_path / "plan"
+    args = ("plan", "--workload", "arrival=poisson,rate=10,n=200,prompt=uniform:1000:3000,"
+            "output=uniform:20:60", "--gpus", "a100-sxm-80gb", "--tp", "1", "--replicas", "1",
+            "--policies", "fcfs,lpm,lof,hrrn,dfs-weight,random", "--models",
+            "meta-llama/Llama-3.1-8B", "--slo", "ttft:p99:0.5", "--out", str(out),
+            "--jobs", "1", "--no-ramp", "--no-report")
+    proc = servetwin(*args)
+    _, err = interrupt(proc, "1/6 candidates")  # the first progress line: one is done
+    assert proc.returncode == 130, err
+    kept = sorted(p.name for p in (out / "candidates").glob("*.json"))
+    assert kept and f"{len(kept)} of 6 candidates finished" in err and "resumes" in err
+    assert not (out / "plan.json").exists()  # no plan from half a search
+    for p in kept:  # every kept file whole
+        assert json.loads((out / "candidates" / p).read_text())["status"] == "ok"
+    again = servetwin(*args)
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert f"({len(kept)} resumed)" in err
+    assert len(json.loads((out / "plan.json").read_text())["candidates"]) == 6
