@@ -38,7 +38,8 @@ REQUIRED_ARGS: dict[str, str | bool] = {
     "--enable-metrics": True,
     "--skip-server-warmup": True,
     "--host": "127.0.0.1",
-    # an idle SGLang scheduler otherwise polls its sockets at ~75 % of a core: on a 2-core
+    # an idle SGLang server otherwise polls its sockets at a whole core (benchmarks/
+    # idle_cpu.py): on a 2-core
     # machine a few idle servers (a test module's) starve the one under test; with it the
     # scheduler blocks in zmq poll when idle and wakes at once when a request arrives
     "--sleep-on-idle": True,
