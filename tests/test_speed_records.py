@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import GPU, MODEL
+from test_record_table import CASES  # the same runs as the table's own test
 
 from twin.config import ServerArgs
 from twin.metrics import records_one_by_one, twin_records
@@ -14,18 +15,6 @@ from twin.workload import from_spec
 
 pytestmark = pytest.mark.offline
 
-CASES = {
-    "plain": ({}, {}, "arrival=poisson,rate=4,n=120,prompt=uniform:100:3000,output=uniform:1:200"),
-    "retractions": ({"max_total_tokens": 12000}, {"ignore_eos": False},
-                    "arrival=poisson,rate=10,n=120,prompt=uniform:500:3000,output=uniform:50:400"),
-    "swap+slices": ({"max_total_tokens": 30000},
-                    {"preemption_mode": "aggressive", "swap_min_tokens": 100},
-                    "arrival=poisson,rate=8,n=100,prompt=uniform:500:3000,output=uniform:50:300,"
-                    "tiers=0:0.8/20:0.2"),
-    "mixed+horizon": ({"enable_mixed_chunk": True}, {"horizon_s": 10.0},
-                      "arrival=poisson,rate=12,n=200,prompt=uniform:100:9000,"
-                      "output=uniform:1:300"),
-}
 
 
 def _typed(rec: dict) -> list:

@@ -124,7 +124,7 @@ def _legacy_slo(slos: tuple[Slo, ...]):
 
 def measure(records, summary: dict, slos: tuple[Slo, ...]) -> dict:
     """The contract's `at_target` numbers for one run, and each SLO's achieved share."""
-    recs = [r for r in records]
+    recs = list(records)
     per_slo, all_met = {}, [True] * len(recs)
     for s in slos:
         covered = [i for i, r in enumerate(recs) if s.covers(r)]

@@ -86,6 +86,6 @@ def analyse(records, q: Question, step_s: float, window_s: float,
 
 def three_in_a_row(windows: list[Window], threshold_s: float) -> list[dict]:
     """The users' yellow alert over per-window P99 TTFTs, by the monitoring's own rule."""
-    rule = replace(default_rules(threshold_s)[0])
+    alerts = threshold_alerts(default_rules(threshold_s)[0], windows)
     return [{"rule": a.rule, "since_s": a.since_s, "start_s": a.start_s, "end_s": a.end_s,
-             "peak_s": a.peak} for a in threshold_alerts(rule, windows)]
+             "peak_s": a.peak} for a in alerts]
