@@ -60,7 +60,8 @@ def write_report(path: Path, live: Sequence[dict], twin: Sequence[dict], title: 
         fig.update_xaxes(title_text="live (ms)", row=2, col=col)
         fig.update_yaxes(title_text="twin (ms)", row=2, col=col)
     fig.update_layout(title=title, height=800, width=1400)
-    body = fig.to_html(full_html=False, include_plotlyjs=True)
+    # a fixed div id: plotly would draw a random one, and the same inputs must give the same page
+    body = fig.to_html(full_html=False, include_plotlyjs=True, div_id="validation-report")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title></head><body><h2>{html.escape(title)}</h2><pre>{html.escape(table)}</pre>"
             f"{body}</body></html>")
