@@ -104,7 +104,7 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
     if res.interrupted:
         from servetwin.cmd_simulate import interrupted_note
 
-        print(interrupted_note(res.interrupted, res.records, ns.out), file=sys.stderr)
+        print(interrupted_note(res.interrupted, res.summary, ns.out), file=sys.stderr)
         return 130
     return 0
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,10 +19,12 @@ from servetwin.args import (
 )
 from twin.config import derive_capacity
 from twin.errors import ConfigError, InfeasibleError
+from twin.inputs import COUNT, check
 from twin.metrics import SLO, format_summary
 from twin.outputs import atomic_write_text, check_out_dir
 from twin.policy import policy_names
 from twin.policy.slices import ScoreWeights
+from twin.record_sink import CHUNK
 from twin.sim import SimConfig, simulate
 from twin.workload import SPEC_HELP
 
@@ -92,7 +96,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--slo-tpot", type=float, default=None, help="TPOT target in s")
     s.add_argument("--slo-e2e", type=float, default=None, help="E2E target in s")
     s.add_argument("--out", type=Path, help="write requests.jsonl, summary.json, "
-                   "timeseries.csv here")
+                   "timeseries.csv here. Records are streamed: at most --record-chunk "
+                   "finished requests are held in memory, then their records are spilled "
+                   "to an unnamed temporary file in this directory and merged at the end "
+                   "into requests.jsonl, which appears (by rename) only when whole; a "
+                   "Ctrl-C still writes every request once, with its status")
+    s.add_argument("--record-chunk", type=int, default=CHUNK, metavar="N",
+                   help=f"finished requests held in memory before their records are "
+                   f"spilled (default {CHUNK}, ~80 MB; the files are the same bytes for "
+                   f"any N). Without --out (and --alerts) no records are kept at all, "
+                   f"only the summary's columns")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     from servetwin.cmd_alerts import add_simulate_args
 
@@ -156,20 +169,33 @@ def run(ns: argparse.Namespace) -> int:
         return run_fleet(ns, DEFAULT_WORKLOAD)
     args, gpu, calibrated = _deployment(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
-    from servetwin.cmd_alerts import attach_alerts, format_alerts, simulate_rules
+    from servetwin.cmd_alerts import simulate_rules
 
     rules = simulate_rules(ns)  # --alerts (may set --defrag-threshold)
     cfg = sim_config(ns, args, gpu)
     slo = SLO(ns.slo_ttft, ns.slo_tpot, ns.slo_e2e)
     cap = derive_capacity(args, gpu)
+    check("--record-chunk", ns.record_chunk, COUNT)
     if ns.out:
         check_out_dir(ns.out)
     if not ns.json:
         for line in calibrated:
             print(line)
         _print_header(cap, workload, args, gpu)
+    with contextlib.ExitStack() as stack:
+        # --alerts read the records back: without --out they go to a temporary directory
+        where = ns.out or (Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="servetwin-records-"))) if rules else None)
+        return _run(ns, workload, cfg, slo, rules, where)
+
+
+def _run(ns: argparse.Namespace, workload, cfg: SimConfig, slo: SLO, rules: list,
+         where: Path | None) -> int:
+    from servetwin.cmd_alerts import attach_alerts, format_alerts
+
     progress = Progress(len(workload.requests))
-    result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules))
+    result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules),
+                      out=where, keep_records=False, record_chunk=ns.record_chunk)
     progress.close()
     alerts, note = attach_alerts(rules, result, ns.alert_window, ns.burn_scale) if rules \
         else ([], None)
@@ -195,15 +221,16 @@ def run(ns: argparse.Namespace) -> int:
             print(f"wrote {ns.out}/requests.jsonl, summary.json, timeseries.csv, "
                   "sglang_launch.txt (the same deployment on the real engine)")
     if result.interrupted:
-        print(interrupted_note(result.interrupted, result.records, ns.out), file=sys.stderr)
+        print(interrupted_note(result.interrupted, result.summary, ns.out), file=sys.stderr)
         return 130
     return 0
 
 
-def interrupted_note(why: str, records: list[dict], out: Path | None) -> str:
+def interrupted_note(why: str, summary: dict, out: Path | None) -> str:
     """What a Ctrl-C'd simulation kept, and where."""
-    done = sum(r["status"] != "aborted" for r in records)
-    where = (f"{out}/requests.jsonl has all {len(records)} requests ({done} finished, the "
+    n = summary["requests"]
+    done = n - summary["status"]["aborted"]
+    where = (f"{out}/requests.jsonl has all {n} requests ({done} finished, the "
              "rest aborted), summary.json is marked partial" if out else
              "the summary above is partial (give --out to keep the records)")
     return f"servetwin simulate: {why}: {where}"

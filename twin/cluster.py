@@ -327,6 +327,7 @@ class Deployment:
 
     def _finish(self, t: Ticket, idx: int | None, r: SimRequest) -> None:
         t.final, t.worker = r, idx
+        self.tickets.pop(id(t.req), None)  # ended: no lookup needs it (a day of them)
         self.done_tickets.append(t)
         self._open -= 1
         self.source.finished(self.env.now)

@@ -44,12 +44,13 @@ def check_out_file(path: Path | str, flag: str = "--out") -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path | str) -> Iterator[TextIO]:
-    """A text file handle whose content replaces `path` only when the block completes."""
+def atomic_writer(path: Path | str, binary: bool = False) -> Iterator[TextIO]:
+    """A text (or, `binary`, bytes) file handle whose content replaces `path` only when
+    the block completes."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

@@ -39,9 +39,12 @@ def _r(x: float | None) -> float | None:
 
 
 class RecordTable(Sequence):
-    def __init__(self, finished: Sequence, step_end: Sequence[float]) -> None:
+    def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0) -> None:
+        """`step_end`: the timeline's steps from index `offset` on (a window of it that
+        covers every step the requests took part in: twin/record_sink.py)."""
         self._reqs = sorted(finished, key=lambda r: (r.arrival_s, r.index))
         self._ends = np.asarray(step_end, dtype=float)
+        self.offset = offset
         self._gaps: tuple | None = None
         self._rounded: tuple | None = None  # `_times`
         self._gap_floats: tuple | None = None  # the gaps as floats, for `_record`
@@ -93,8 +96,9 @@ class RecordTable(Sequence):
         ('x', j) = its own j-th boundary gap; and the output token count."""
         if self._gaps is not None:
             return self._gaps
-        ends = self._ends
-        at = ends.item  # a request's own boundaries only: no list of every step end
+        ends, off = self._ends, self.offset
+        item = ends.item  # a request's own boundaries only: no list of every step end
+        at = item if not off else lambda j: item(j - off)
         braw: list[float] = []
         plans = []
         for r in self._reqs:
@@ -110,7 +114,7 @@ class RecordTable(Sequence):
                         pieces.append(("x", len(braw)))
                         braw.append(at(a) - prev)
                     if b - a > 1:
-                        pieces.append(("s", a, b - 1))
+                        pieces.append(("s", a - off, b - 1 - off))
                     prev = at(b - 1)
                     n_out += b - a
                 else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spe
 from twin.policy import build_policy as build_from_spec
 from twin.policy.sglang import CacheAware
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
+from twin.record_sink import CHUNK, RecordSink
 from twin.record_table import RecordTable
 from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.request_path import OFF as REQUEST_PATH_OFF
@@ -122,10 +123,13 @@ class SimResult:
     interrupted: str | None = None  # Ctrl-C: why the records are partial
     # (time, cause, tokens moved) of each compaction, when `keep_compactions` was asked
     compaction_log: list = field(default_factory=list)
+    records_path: Path | None = None  # where `simulate(out=...)` wrote the records
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        write_records(out / "requests.jsonl", self.records)
+        path, done = out / "requests.jsonl", self.records_path
+        if not (done is not None and path.exists() and path.samefile(done)):
+            write_records(path, self.records)  # (a streamed run wrote its own already)
         atomic_write_text(out / "summary.json", json.dumps(self.summary, indent=2) + "\n")
         with atomic_writer(out / "timeseries.csv") as fh:
             fh.write(",".join(SERIES_FIELDS) + "\n")
@@ -232,57 +236,98 @@ def build_policy(cfg: SimConfig) -> Policy:
 
 def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
              step_time: StepTimeModel | None = None, progress=None,
-             keep_compactions: bool = False) -> SimResult:
+             keep_compactions: bool = False, out: Path | None = None,
+             keep_records: bool = True, record_chunk: int = CHUNK) -> SimResult:
     """Simulate `workload`; `progress(done, sim_time)` is called at every sample;
-    `keep_compactions`: log each KV compaction (the defragmentation alert's record)."""
+    `keep_compactions`: log each KV compaction (the defragmentation alert's record).
+
+    Records: in memory (`result.records`) by default. With `out` (a directory) they are
+    streamed to `out/requests.jsonl` as requests finish (twin/record_sink.py: at most
+    `record_chunk` finished requests held, the rest spilled beside it and merged at the
+    end, the same bytes; `result.records` reads the file back); `keep_records=False`
+    without `out`: only the summary (nothing per request is kept)."""
     env = simpy.Environment()
     rep, backend = build_replica(env, workload, cfg, step_time)
     rep.progress = progress
     if keep_compactions:
         rep.compaction_log = []
+    bench = workload.clients == "bench"  # bench_serving's warm-up is not measured (no record)
+    sink = None
+    if out is not None or not keep_records:
+        sink = RecordSink(lambda: rep.step_end, None if out is None else
+                          Path(out) / "requests.jsonl", record_chunk,
+                          WARMUP_RID if bench else None)
+        rep.finished = sink
+        rep.feed.done_tickets = _Count()  # the deployment's tickets: not needed for one
     env.process(rep.run())
     interrupted = None
     try:
         env.run()
     except KeyboardInterrupt:  # keep what is done: every request still gets its record
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
-    finished = rep.finished
-    if workload.clients == "bench":  # bench_serving's warm-up is not measured (no record)
-        finished = [r for r in finished if not r.req.rid.startswith(WARMUP_RID)]
-    if interrupted:
-        records = with_unfinished(twin_records(finished, rep.step_end), workload,
-                                  interrupted, env.now)
-    else:  # built on demand; written and summarised from columns (twin/record_table.py)
-        records = RecordTable(finished, rep.step_end)
+    if sink is not None:
+        warmup = sink.skipped
+        if interrupted:
+            records, summary = sink.finish_with(_unfinished(workload, sink.rids(), interrupted,
+                                                            env.now), slo)
+        else:
+            records, summary = sink.finish(slo)
+    else:
+        finished = rep.finished
+        if bench:
+            finished = [r for r in finished if not r.req.rid.startswith(WARMUP_RID)]
+        warmup = len(rep.finished) - len(finished)
+        if interrupted:
+            records = with_unfinished(twin_records(finished, rep.step_end), workload,
+                                      interrupted, env.now)
+        else:  # built on demand; written and summarised from columns (twin/record_table.py)
+            records = RecordTable(finished, rep.step_end)
+        summary = summarize(records, slo)
     counters = dict(rep.counters.__dict__)
-    summary = summarize(records, slo)
-    if workload.clients == "bench":
-        summary["warmup"] = {"requests": len(rep.finished) - len(finished),
+    if bench:
+        summary["warmup"] = {"requests": warmup,
                              "measured": False}  # served before the loop, as bench_serving
     if interrupted:
         summary["partial"] = {"stop_reason": interrupted, "simulated_s": round(env.now, 6),
-                              "unfinished": sum(r["status"] == "aborted" for r in records)}
+                              "unfinished": summary["status"]["aborted"]}
     summary["engine"] = {"backend": backend, "gpu": cfg.gpu, **counters}
     summary["memory"] = memory_summary(rep.series, SERIES_FIELDS, rep.alloc.stats(),
                                        rep.alloc.name, rep.cap.kv_bytes_per_token, counters,
                                        cfg.sample_every_s)
     return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted,
-                     rep.compaction_log or [])
+                     rep.compaction_log or [], sink.path if sink is not None else None)
+
+
+class _Count:
+    """A list that only counts (the deployment's finished tickets, when records come
+    from the replica's sink)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def append(self, _) -> None:
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def with_unfinished(records: list[dict], workload: Workload, why: str,
                     now: float) -> list[dict]:
     """`records` plus an `aborted` record for every request of `workload` that has none
     (in the server, or not yet arrived, when the run stopped), in arrival order."""
+    left = list(_unfinished(workload, {r["rid"] for r in records}, why, now))
+    out = records + twin_records(left, [])
+    return sorted(out, key=lambda r: (r["arrival_s"], r["rid"]))
+
+
+def _unfinished(workload: Workload, have: set[str], why: str, now: float) -> Iterator:
+    """An `aborted` SimRequest for each request of `workload` whose rid is not in `have`."""
     from twin.request_state import SimRequest
 
-    have = {r["rid"] for r in records}
-    left = []
     for req in workload.requests:
         if req.rid not in have:
             r = SimRequest(req, req.arrival_s, -1)
             r.status, r.finish_s = "aborted", max(now, req.arrival_s)
             r.error = f"{why}, before it finished"
-            left.append(r)
-    out = records + twin_records(left, [])
-    return sorted(out, key=lambda r: (r["arrival_s"], r["rid"]))
+            yield r

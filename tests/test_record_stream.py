@@ -1,0 +1,136 @@
+"""Records streamed to disk (twin/record_sink.py): the same bytes as the in-memory path for
+any chunk size, only a chunk of finished requests alive at a time, and nothing left
+behind or half-written when a run or its final merge is interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import GPU, MODEL
+from record_digests import RUNS, run_digests, stored
+
+from servetwin.cli import main
+from twin.config import ServerArgs
+from twin.metrics import read_records
+from twin.request_state import SimRequest
+from twin.sim import SimConfig, simulate
+from twin.workload import from_spec
+
+pytestmark = pytest.mark.offline
+
+STORED = stored()
+SPEC = "arrival=poisson,rate=6,n=160,prompt=uniform:100:3000,output=uniform:1:200"
+CFG = SimConfig(args=ServerArgs(model_path=MODEL), gpu=GPU, step_time_backend="roofline")
+
+
+def _lines(res) -> list[str]:
+    return [json.dumps(r, separators=(",", ":")) for r in res.records]
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n != "fleet"])
+def test_stored_digests_hold_with_tiny_chunks(name: str, monkeypatch) -> None:
+    """Every pinned run, spilled every 7 requests, writes the stored bytes."""
+    import record_digests
+
+    monkeypatch.setitem(record_digests.RUNS, name, [*RUNS[name], "--record-chunk", "7"])
+    got = run_digests(name)
+    assert {f: got.get(f) for f in STORED[name]} == STORED[name]
+
+
+@pytest.mark.parametrize("chunk", [1, 13, 10_000])
+def test_streamed_run_equals_the_in_memory_one(tmp_path: Path, chunk: int) -> None:
+    w = from_spec(SPEC, seed=2)
+    mem = simulate(w, CFG)
+    res = simulate(w, CFG, out=tmp_path, record_chunk=chunk)
+    text = (tmp_path / "requests.jsonl").read_text()
+    assert text == "".join(line + "\n" for line in _lines(mem))
+    assert res.summary == mem.summary
+    assert list(res.records) == list(mem.records) and len(res.records) == len(w.requests)
+    summary_only = simulate(w, CFG, keep_records=False, record_chunk=chunk)
+    assert summary_only.summary == mem.summary
+    assert sorted(os.listdir(tmp_path)) == ["requests.jsonl"]  # no spill left behind
+
+
+def _stop_after(n: int):
+    def progress(done: int, _t: float) -> None:
+        if done >= n:
+            raise KeyboardInterrupt
+    return progress
+
+
+def test_ctrl_c_streamed_equals_in_memory(tmp_path: Path) -> None:
+    """A Ctrl-C mid-run: every request once (finished ones as they ended, the rest
+    aborted), in the same order and bytes as the in-memory path; the summary alike."""
+    w = from_spec(SPEC, seed=4)
+    mem = simulate(w, CFG, progress=_stop_after(60))
+    res = simulate(w, CFG, progress=_stop_after(60), out=tmp_path, record_chunk=9)
+    assert mem.interrupted and res.interrupted == mem.interrupted
+    got = read_records(tmp_path / "requests.jsonl")
+    assert got == list(mem.records) and len(got) == len(w.requests)
+    assert 0 < sum(r["status"] == "ok" for r in got) < len(got)
+    assert res.summary == mem.summary and res.summary["partial"]["unfinished"] > 0
+
+
+def test_only_a_chunk_of_finished_requests_is_alive(tmp_path: Path) -> None:
+    """Neither the replica nor the deployment keeps a finished request beyond its chunk."""
+    w = from_spec(SPEC, seed=5)
+    mine = {id(r) for r in w.requests}
+
+    def finished_alive() -> int:
+        return sum(isinstance(o, SimRequest) and bool(o.status) and id(o.req) in mine
+                   for o in gc.get_objects())
+
+    gc.collect()
+    most: list[int] = []
+    simulate(w, CFG, progress=lambda d, t: most.append(finished_alive()), out=tmp_path,
+             record_chunk=10)
+    assert most and max(most) < 10
+    kept: list[int] = []
+    simulate(w, CFG, progress=lambda d, t: kept.append(finished_alive()))
+    assert max(kept) > 100  # the in-memory path holds them all: the check can fail
+
+
+def test_interrupted_merge_leaves_the_old_file(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C while the chunks are merged: the old requests.jsonl stays whole, nothing else
+    is left in the directory."""
+    old = tmp_path / "requests.jsonl"
+    old.write_text('{"old": true}\n')
+    calls = []
+    real = os.pread
+
+    def pread(fd, n, off):
+        calls.append(n)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(fd, n, off)
+
+    monkeypatch.setattr(os, "pread", pread)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(from_spec(SPEC, seed=2), CFG, out=tmp_path, record_chunk=5)
+    assert old.read_text() == '{"old": true}\n'
+    assert os.listdir(tmp_path) == ["requests.jsonl"]
+
+
+def test_record_chunk_flag_is_checked(capsys) -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["simulate", "--workload", SPEC, "--record-chunk", "0"])
+    assert rc == 2
+    assert "--record-chunk 0: must be" in capsys.readouterr().err
+
+
+def test_summary_only_cli_run_matches_the_written_summary(tmp_path: Path) -> None:
+    """Without --out the CLI keeps no records, yet prints the summary --out writes."""
+    args = ["simulate", "--model-path", MODEL, "--gpu", GPU, "--step-time-backend",
+            "roofline", "--workload", SPEC, "--json"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*args, "--out", str(tmp_path), "--record-chunk", "3"]) == 0
+    assert json.loads(buf.getvalue()) == json.loads((tmp_path / "summary.json").read_text())

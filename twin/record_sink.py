@@ -1,0 +1,304 @@
+"""Records streamed to disk as requests finish (issues 12 and 14).
+
+A replica hands every request that leaves to `finished.append(req)` and reads
+`len(finished)`; `RecordSink` is such a `finished`. It holds at most `chunk` finished
+requests (SimRequest objects, ~2.5 KB each with their token events); then it formats
+their records (twin/record_table.py over the window of the step timeline they use),
+sorted within the chunk, appends the lines to an unnamed temporary file beside the output
+(a spill; gone when the process ends, however it ends) and keeps of each request only
+what the summary and the final order need, as numpy columns (~150 bytes a request).
+
+At the end the chunks are merged in the records' order (arrival, then the replica's
+index, then the order they left: exactly `RecordTable`'s stable sort) into the output,
+written atomically (a temporary file renamed over `requests.jsonl` only when whole), and
+the summary is computed from the columns in that order: byte for byte what the in-memory
+path writes (tests/test_record_stream.py). A run that never filled a chunk takes the
+in-memory path itself. A step's end is fixed once a request that used it has left (a
+decode run's planned steps are appended before it runs, and a cut or a crash only drops
+steps that end after now), so a chunk's lines never change afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
+from twin.record_table import RecordTable, itl_stats
+
+CHUNK = 32768  # finished requests held before a spill (~80 MB of SimRequests)
+_FLOATS = ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "lost_s")  # rounded; NaN: null
+_INTS = ("prompt_tokens", "cached_tokens", "output_tokens", "retractions", "preemptions",
+         "kv_moved_bytes")
+_COPY_BLOCK = 8 << 20  # bytes copied from the spill at a time
+
+
+class RecordSink:
+    """`finished` for a replica: records formatted and spilled `chunk` requests at a time.
+
+    `timeline()` returns the replica's step-end timeline (`Replica.step_end`); `path`: the
+    `requests.jsonl` to write (None: only the summary is wanted, no lines are formatted);
+    requests whose rid starts with `skip_prefix` count in `len` but get no record
+    (bench_serving's warm-up)."""
+
+    def __init__(self, timeline: Callable[[], np.ndarray], path: Path | None = None,
+                 chunk: int = CHUNK, skip_prefix: str | None = None) -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk {chunk}: must be >= 1")
+        self.timeline, self.path, self.chunk = timeline, path, chunk
+        self.skip_prefix = skip_prefix
+        self.skipped = 0  # appended with `skip_prefix`: no record
+        self._n = 0
+        self._buf: list = []
+        self._cols: dict[str, list[np.ndarray]] = {}
+        self._rids: list[str] = []
+        self._runs: list[tuple[int, np.ndarray]] = []  # (first row, line end offsets)
+        self._rows = 0
+        self._own: list[np.ndarray] = []  # boundary gaps (RecordTable's own gaps), all chunks
+        self._n_own = 0
+        self._spill = None
+
+    # ---- what a replica calls ------------------------------------------------------------
+    def append(self, req) -> None:
+        self._n += 1
+        if self.skip_prefix and req.rid.startswith(self.skip_prefix):
+            self.skipped += 1
+            return
+        self._buf.append(req)
+        if len(self._buf) >= self.chunk:
+            self.flush()
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def spilled(self) -> bool:
+        return bool(self._runs)
+
+    # ---- chunks ------------------------------------------------------------------------
+    def flush(self, group: int = 0) -> None:
+        """Format the held requests' records, spill their lines, keep their columns."""
+        buf, self._buf = self._buf, []
+        if not buf:
+            return
+        seq0 = self._rows
+        order = sorted(range(len(buf)), key=lambda i: (buf[i].arrival_s, buf[i].index))
+        reqs = [buf[i] for i in order]
+        lo, hi = _window(reqs)
+        ends = self.timeline()[lo:hi].copy() if hi > lo else np.empty(0)
+        table = RecordTable(reqs, ends, offset=lo)
+        self._keep_columns(table, reqs, np.asarray(order, dtype=np.int64) + seq0, group)
+        if self.path is not None:
+            self._spill_lines(table)
+        self._rows += len(reqs)
+
+    def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
+                      group: int) -> None:
+        plans, _, own_gaps = table._plan()
+        times = table._times()
+        n = len(reqs)
+        col = self._cols.setdefault
+        col("seq", []).append(seq)
+        col("group", []).append(np.full(n, group, dtype=np.int8))
+        col("raw_arrival", []).append(np.array([r.arrival_s for r in reqs], dtype=float))
+        col("index", []).append(np.array([r.index for r in reqs], dtype=np.int64))
+        code = {s: i for i, s in enumerate(STATUSES)}
+        col("status", []).append(np.array([code[r.status] for r in reqs], dtype=np.int8))
+        for name, values in zip(_FLOATS, times, strict=True):
+            col(name, []).append(np.array([np.nan if v is None else v for v in values],
+                                          dtype=float))
+        ints = {"prompt_tokens": [r.prompt_tokens for r in reqs],
+                "cached_tokens": [r.cached_tokens for r in reqs],
+                "output_tokens": [n_out for _, n_out in plans],
+                "retractions": [r.retractions for r in reqs],
+                "preemptions": [r.preemptions for r in reqs],
+                "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
+        for name in _INTS:
+            col(name, []).append(np.array(ints[name], dtype=np.int64))
+        self._rids += [r.rid for r in reqs]
+        # the ITL pieces of `ok` records: a step range of the timeline (absolute step
+        # index, count) or a boundary gap (-(1 + its index among all chunks' gaps), 1)
+        counts, starts, lens = [], [], []
+        lo, own0 = table.offset, self._n_own
+        for r, (pieces, _) in zip(reqs, plans, strict=True):
+            if r.status != "ok":
+                counts.append(0)
+                continue
+            counts.append(len(pieces))
+            for p in pieces:
+                if p[0] == "s":
+                    starts.append(p[1] + lo)
+                    lens.append(p[2] - p[1])
+                else:
+                    starts.append(-1 - (own0 + p[1]))
+                    lens.append(1)
+        col("n_pieces", []).append(np.array(counts, dtype=np.int64))
+        col("piece_start", []).append(np.array(starts, dtype=np.int64))
+        col("piece_len", []).append(np.array(lens, dtype=np.int64))
+        self._own.append(own_gaps)
+        self._n_own += len(own_gaps)
+
+    def _spill_lines(self, table: RecordTable) -> None:
+        if self._spill is None:  # unnamed (O_TMPFILE where there is one): never left behind
+            self._spill = tempfile.TemporaryFile(dir=self.path.parent, prefix=".spill-")
+        enc = [line.encode() for line in table.lines()]
+        ends = np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=len(enc)))
+        start = self._spill.tell()
+        self._spill.write(b"".join(enc))
+        self._runs.append((self._rows, start + np.concatenate(([0], ends))))
+
+    # ---- the end -------------------------------------------------------------------------
+    def finish(self, slo: SLO | None = None) -> tuple[Sequence[dict], dict]:
+        """(records, summary) of a whole run; `requests.jsonl` written when `path` is set.
+        Without a spill: the in-memory `RecordTable`, as `simulate` always gave."""
+        if not self._runs and not self._cols:
+            table = RecordTable(self._buf, self.timeline())
+            self._buf = []
+            if self.path is not None:
+                write_records(self.path, table)
+            return table, summarize(table, slo)
+        self.flush()
+        c = self._columns()
+        perm = np.lexsort((c["seq"], c["index"], c["raw_arrival"]))
+        return self._finish_in(perm, c, slo)
+
+    def finish_with(self, left: Iterator, slo: SLO | None = None) -> tuple[Sequence[dict], dict]:
+        """As `twin.sim.with_unfinished` (a run stopped early): the records so far and one
+        for each SimRequest of `left` (each request that has none, `aborted`), ordered by
+        rounded arrival, then rid."""
+        self.flush()
+        for r in left:
+            self._buf.append(r)
+            if len(self._buf) >= self.chunk:
+                self.flush(group=1)
+        self.flush(group=1)
+        c = self._columns()
+        base = np.lexsort((c["seq"], c["index"], c["raw_arrival"], c["group"]))
+        ra, rids = c["arrival_s"], self._rids
+        perm = np.array(sorted(base.tolist(), key=lambda i: (ra[i], rids[i])), dtype=np.int64)
+        return self._finish_in(perm, c, slo)
+
+    def rids(self) -> set[str]:
+        """The rids that have a record (spilled or held)."""
+        return {*self._rids, *(r.rid for r in self._buf)}
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        c = {k: np.concatenate(v) for k, v in self._cols.items()}
+        self._cols = {}
+        return c
+
+    def _finish_in(self, perm: np.ndarray, c: dict, slo: SLO | None):
+        try:
+            if self.path is not None:
+                self._merge(perm)
+        finally:
+            if self._spill is not None:
+                self._spill.close()
+                self._spill = None
+        summary = self._summary(perm, c, slo)
+        records = StreamedRecords(self.path, len(perm))
+        return records, summary
+
+    def _merge(self, perm: np.ndarray) -> None:
+        """Copy the spilled lines into `path` in the order `perm` (rows), atomically."""
+        from twin.outputs import atomic_writer
+
+        self._spill.flush()
+        fd = self._spill.fileno()
+        firsts = np.array([r for r, _ in self._runs], dtype=np.int64)
+        run = np.searchsorted(firsts, perm, side="right") - 1
+        local = perm - firsts[run]
+        # runs of consecutive lines of one chunk: one copy each
+        brk = np.flatnonzero((np.diff(run) != 0) | (np.diff(local) != 1)) + 1
+        seg_a = np.concatenate(([0], brk)).tolist()
+        seg_b = np.concatenate((brk, [len(perm)])).tolist()
+        with atomic_writer(self.path, binary=True) as fh:
+            for a, b in zip(seg_a, seg_b, strict=True):
+                offs = self._runs[int(run[a])][1]
+                pos, stop = int(offs[local[a]]), int(offs[local[b - 1] + 1])
+                while pos < stop:
+                    data = os.pread(fd, min(_COPY_BLOCK, stop - pos), pos)
+                    fh.write(data)
+                    pos += len(data)
+
+    def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
+        """`RecordTable.summary` over the columns, rows in the order `perm`."""
+        statuses = np.array(STATUSES, dtype=object)
+        cols: dict[str, list] = {"status": statuses[c["status"][perm]].tolist()}
+        for name in _FLOATS:
+            cols[name] = [None if x != x else x for x in c[name][perm].tolist()]
+        for name in _INTS:
+            cols[name] = c[name][perm].tolist()
+        ends = np.asarray(self.timeline(), dtype=float)
+        step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
+        del ends
+        n_step = len(step_gaps)
+        own = np.concatenate(self._own) if self._own else np.empty(0)
+        joined = np.concatenate([step_gaps, own])
+        # the pieces of every request, gathered in the rows' order
+        counts = c["n_pieces"]
+        first = np.concatenate(([0], np.cumsum(counts)))
+        take = counts[perm]
+        at = np.repeat(first[perm] - (np.cumsum(take) - take), take) + np.arange(
+            int(take.sum()), dtype=np.int64)
+        starts = c["piece_start"][at]
+        lens = c["piece_len"][at]
+        del at
+        own_piece = starts < 0
+        starts[own_piece] = n_step - 1 - starts[own_piece]
+        head = None
+        if n_step:
+            uniq, inv = np.unique(step_gaps, return_inverse=True)
+            head = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
+        itl = itl_stats(joined, starts, lens, head)
+        return summary_from_columns(cols, itl, slo)
+
+
+def _window(reqs: list) -> tuple[int, int]:
+    """The step indices [lo, hi) of the timeline that `reqs`' token events use."""
+    lo, hi = None, 0
+    for r in reqs:
+        for ev in r.tok_events:
+            if isinstance(ev, tuple) and ev[1] > ev[0]:
+                lo = ev[0] if lo is None or ev[0] < lo else lo
+                hi = max(hi, ev[1])
+    return (0, 0) if lo is None else (lo, hi)
+
+
+class StreamedRecords(Sequence):
+    """The records of a streamed run, read back from its `requests.jsonl` on demand
+    (iterating parses one line at a time; indexing reads them all once)."""
+
+    def __init__(self, path: Path | None, n: int) -> None:
+        self.path, self._n = path, n
+        self._all: list[dict] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def lines(self) -> Iterator[str]:
+        if self.path is None:
+            from twin.errors import ConfigError
+
+            raise ConfigError("the run's records were not kept (simulate without an output "
+                              "file): only its summary")
+        with open(self.path, encoding="utf-8") as fh:
+            yield from fh
+
+    def __iter__(self) -> Iterator[dict]:
+        import json
+
+        if self._all is not None:
+            yield from self._all
+            return
+        for line in self.lines():
+            yield json.loads(line)
+
+    def __getitem__(self, i):
+        if self._all is None:
+            self._all = list(self)
+        return self._all[i]
