@@ -28,11 +28,17 @@ class DeploymentSpec:
     step_time_backend: str | None = None  # None: the best with data (opdb here)
     max_total_tokens: int | None = None
     disable_overlap_schedule: bool = False  # SGLang's overlap loop, on by default on GPUs
+    #: SGLang's --chunked-prefill-size (None: its default for the GPU) and
+    #: --enable-mixed-chunk: deployment settings, not policy decisions (what-ifs)
+    chunked_prefill_size: int | None = None
+    enable_mixed_chunk: bool = False
 
     def sim_config(self, horizon_s: float | None = None) -> SimConfig:
         args = ServerArgs(model_path=self.model_path, tp_size=self.tp_size,
                           max_total_tokens=self.max_total_tokens,
-                          disable_overlap_schedule=self.disable_overlap_schedule)
+                          disable_overlap_schedule=self.disable_overlap_schedule,
+                          chunked_prefill_size=self.chunked_prefill_size,
+                          enable_mixed_chunk=self.enable_mixed_chunk)
         return SimConfig(args=args, gpu=self.gpu, step_time_backend=self.step_time_backend,
                          horizon_s=horizon_s, sample_every_s=1e9)
 
