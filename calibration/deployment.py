@@ -28,6 +28,8 @@ from twin.config import ServerArgs
 HARNESS_GPU = "a100-pcie-80gb"  # for capacity only: a CPU server's pool is --max-total-tokens
 TWIN_ENGINE = ("sglang", "0.5")  # the engine the twin models: SGLang 0.5.x
 KEYS = ("engine", "version", "model", "device")
+VLLM_HINT = ("; a vLLM profile is for the vLLM replicas of a deployment (`calibration: "
+             "FILE` in `servetwin simulate --deployment FILE`, docs/fleet.md)")
 
 
 def model_name(path: object) -> str:
@@ -79,6 +81,12 @@ def check(profile: dict, want: dict, force: bool, side: str, hint: str) -> list[
     (engine, version, model, device; None: not asked); with `force`, the differences as
     warnings instead."""
     diffs = mismatches(profile_identity(profile), want, side)
+    engine = [d for d in diffs if d.startswith("engine:")]
+    if engine:  # another engine's steps are another scheduler's: no --force for that
+        raise CalibrationError(f"the calibration profile was made on another engine "
+                               f"({engine[0]}): its step times are for that engine's "
+                               f"scheduler, not this one's. {hint}" + VLLM_HINT * (
+                                   profile_identity(profile)["engine"] == "vllm"))
     if diffs and not force:
         raise CalibrationError(f"the calibration profile was made on another {side_noun(side)} ("
                                + "; ".join(diffs) + f"); its step times do not apply. {hint}, "

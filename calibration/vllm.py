@@ -1,41 +1,57 @@
-"""A minimal step-time profile of a live vLLM V1 server (the CPU harness), fitted as
-SGLang's is (calibration/fit.py), for the twin's vLLM replica.
+"""Calibrate the twin's vLLM replica against a live vLLM V1 server (`servetwin calibrate`).
 
-vLLM's OpenAI API has no `/server_info`, no `--enable-metrics` meta_info stamps and no
-`/generate`; the length router (runtime/length_router.py) in front of a vLLM pool speaks
-SGLang's `/generate` and `/flush_cache` for it, so the SGLang profiling plan
-(`calibration.profile.make_plan`, sized by the vLLM server's own limits) runs through it
-unchanged. Samples:
-- token gaps (`calibration.derive`), as for SGLang: decode steps, and prefill steps that
-  land while a batch runs; vLLM's token budget is its `max_num_batched_tokens`;
-- lone prefills (source `vllm-prefill-time`): a run of one request, nothing else in
-  flight, gives its prefill's engine time from vLLM's own histogram
-  `vllm:request_prefill_time_seconds` (scheduled to first token), read from `/metrics`
-  before and after: the counterpart of SGLang's forward stamps. Its TTFT minus that and
-  the queue time (`vllm:request_queue_time_seconds`) is the request path outside the
-  engine (HTTP, the length router, tokenizer-free input processing, detokenizer).
+What the server says about itself, from vLLM's own HTTP API (`server_facts`): `/version`,
+`/v1/models` (model path, `max_model_len`), `/metrics`' `vllm:cache_config_info` (block
+size, KV blocks, prefix caching) and, in vLLM's dev mode, `/server_info` (device, TP). vLLM
+reports neither `max_num_seqs` nor `max_num_batched_tokens` anywhere, so the caller says
+them (`--max-num-seqs`, `--max-num-batched-tokens`: the values the server was started with).
 
-The profile is the SGLang profile's shape (`servetwin_calibration: 1`) with `engine.name`
-`vllm`, `server_args` by vLLM's names and `request_path.total_s`.
+vLLM has no `/generate`, no `/flush_cache` and no per-request stamps; the profiling runs go
+through servetwin's length router (`runtime/length_router.py`, its `/generate` front for a
+vLLM pool, the hop the users' length-routed fleet has too), with the SGLang profiling plan
+(`calibration.profile.make_plan`, sized by the vLLM limits: the token budget as the chunk).
+Before and after every run, `/metrics` is read: vLLM's per-request prefill, decode and
+queue histograms give engine-side samples (`calibration.vllm_derive`). Token gaps are read
+under vLLM's rules (one token budget per step, prefill chunks beside decodes).
+
+Every run's raw traces and metric delta are appended to `PROFILE.runs.jsonl` as it ends;
+the same command resumes after the runs there (refusing runs of another server). The fit
+is `calibration.fit.fit_step_time`'s (the `linear` form, runs held out for the choice of
+target, as for SGLang). The profile has the SGLang profile's shape with `engine.name`
+`vllm`, `server_args` by vLLM's names (`twin.vllm_replica.VllmArgs`) and
+`request_path.total_s` (TTFT outside the engine, from lone requests).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from dataclasses import dataclass
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from calibration.derive import Limits, chunk_steps, samples_from_timelines
+from calibration import vllm_derive as vd
+from calibration.derive import Limits, Timeline, samples_from_timelines
 from calibration.fit import fit_step_time
-from calibration.profile import Run, ServerLimits, make_plan, timelines, token_ids
-from calibration.session import Trace, flush, run_group
+from calibration.profile import (
+    Run,
+    ServerLimits,
+    _drop_torn_tail,
+    make_plan,
+    timelines,
+    token_ids,
+)
+from calibration.session import CalibrationError, Trace, flush, run_group
 from runtime.vllm_cpu import metrics
 
-PREFILL = "vllm:request_prefill_time_seconds"
-QUEUE = "vllm:request_queue_time_seconds"
+ENGINE = "vllm"
+PREFILL, QUEUE = vd.PREFILL, vd.QUEUE
+KEPT = tuple(f"{h}_{s}" for h in (vd.PREFILL, vd.DECODE, vd.QUEUE) for s in ("sum", "count")) \
+    + ("vllm:num_preemptions_total", "vllm:iteration_tokens_total_count")
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,7 @@ class VllmLimits:
 
     max_num_seqs: int
     max_num_batched_tokens: int
-    kv_tokens: int  # usable KV blocks x block_size
+    kv_tokens: int  # usable KV blocks x block_size (vLLM's null block excluded)
     max_model_len: int
 
     def server_limits(self) -> ServerLimits:
@@ -55,9 +71,121 @@ class VllmLimits:
         return Limits(self.max_num_batched_tokens, self.max_num_seqs)
 
 
+@dataclass(frozen=True)
+class VllmFacts:
+    """A live vLLM server as its HTTP API describes it."""
+
+    url: str
+    version: str
+    model_path: str
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    prefix_caching: bool
+    device: str
+    tp_size: int
+    vocab: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def model(self) -> str:
+        return Path(self.model_path).name
+
+    def identity(self) -> dict:
+        return {"engine": ENGINE, "version": self.version, "model": self.model}
+
+    def limits(self, max_num_seqs: int, max_num_batched_tokens: int) -> VllmLimits:
+        return VllmLimits(max_num_seqs, max_num_batched_tokens,
+                          (self.num_blocks - 1) * self.block_size, self.max_model_len)
+
+    def server_args(self, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+        """`VllmArgs` fields of the server (the twin's vLLM replica reads them)."""
+        return {"tensor_parallel_size": self.tp_size, "max_model_len": self.max_model_len,
+                "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                "block_size": self.block_size, "num_gpu_blocks_override": self.num_blocks,
+                "enable_prefix_caching": self.prefix_caching}
+
+
+def _get_json(url: str, timeout: float = 10.0):
+    from runtime.server_api import _get
+
+    return json.loads(_get(url, timeout))
+
+
+def is_vllm(url: str) -> bool:
+    """Whether `url` answers like a vLLM OpenAI server (`/v1/models` owned by vllm)."""
+    try:
+        data = _get_json(url + "/v1/models", 5.0).get("data") or [{}]
+        return data[0].get("owned_by") == "vllm"
+    except (OSError, ValueError, AttributeError, IndexError):
+        return False
+
+
+def server_facts(url: str) -> VllmFacts:
+    """The facts of the vLLM server at `url`, or `CalibrationError` saying what is missing."""
+    from runtime.server_api import describe_url_error
+
+    try:
+        model = (_get_json(url + "/v1/models").get("data") or [{}])[0]
+        version = str(_get_json(url + "/version").get("version") or "")
+        text = _metrics_text(url)
+    except (OSError, ValueError, AttributeError) as exc:
+        why = describe_url_error(exc) if isinstance(exc, OSError) else str(exc)
+        raise CalibrationError(f"{url} does not answer like a vLLM server (GET /v1/models, "
+                               f"/version, /metrics: {why})") from None
+    if model.get("owned_by") != ENGINE or not version or not model.get("root"):
+        raise CalibrationError(f"{url} is not a vLLM server: its /v1/models names no "
+                               "model owned by vllm, or /version has no version")
+    cache = cache_config(text)
+    if not cache.get("block_size") or not cache.get("num_gpu_blocks"):
+        raise CalibrationError(f"{url}/metrics has no vllm:cache_config_info with block_size "
+                               "and num_gpu_blocks; is it vLLM V1?")
+    device, tp, notes = _dev_info(url)
+    root = str(model["root"])
+    vocab, note = _vocab(root)
+    return VllmFacts(url, version, root, int(model.get("max_model_len") or 0),
+                     int(cache["block_size"]), int(cache["num_gpu_blocks"]),
+                     cache.get("enable_prefix_caching", "True") == "True", device, tp, vocab,
+                     tuple(notes + ([note] if note else [])))
+
+
+def _metrics_text(url: str) -> str:
+    from runtime.server_api import _get
+
+    return _get(url + "/metrics", 10.0).decode()
+
+
+def cache_config(text: str) -> dict[str, str]:
+    """The labels of `vllm:cache_config_info` in a `/metrics` text."""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            return dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+    return {}
+
+
+def _dev_info(url: str) -> tuple[str, int, list[str]]:
+    """(device, TP size, notes) from `/server_info` (vLLM's dev mode only)."""
+    try:
+        cfg = str(_get_json(url + "/server_info").get("vllm_config", ""))
+    except (OSError, ValueError, AttributeError):
+        return "cuda", 1, ["/server_info unavailable (vLLM runs it in dev mode only): device "
+                           "taken as cuda, TP 1"]
+    dev = re.search(r"device_config=(\w+)", cfg)
+    tp = re.search(r"tensor_parallel_size=(\d+)", cfg)
+    return (dev.group(1) if dev else "cuda"), int(tp.group(1)) if tp else 1, []
+
+
+def _vocab(root: str) -> tuple[int, str | None]:
+    try:
+        return int(json.loads((Path(root) / "config.json").read_text())["vocab_size"]), None
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1000, f"{root}/config.json unreadable here: token ids drawn below 1000"
+
+
+# ---- runs -----------------------------------------------------------------------------
 def execute(front: str, engine: str, run: Run, vocab: int, seed: int = 0) -> dict:
-    """One profiling run on a reset prefix cache: its traces and, for a run of one
-    request, vLLM's own prefill and queue time of it."""
+    """One profiling run on a reset prefix cache: its traces and vLLM's counter delta
+    over it (the warm-up request of a cached run is outside the delta)."""
     rng = np.random.default_rng([seed, sum(map(ord, run.tag)), len(run.tag)])
     flush(front)
     prefix = token_ids(rng, run.prefix, vocab)
@@ -68,59 +196,242 @@ def execute(front: str, engine: str, run: Run, vocab: int, seed: int = 0) -> dic
     before = metrics.counters(engine)
     traces = run_group(front, reqs, tag=run.tag)
     d = metrics.delta(before, metrics.counters(engine))
-    row = {"tag": run.tag, "kind": run.kind, "traces": [t.to_json() for t in traces]}
-    if len(reqs) == 1 and d[PREFILL + "_count"] == 1:
-        row |= {"prefill_s": d[PREFILL + "_sum"], "queue_s": d[QUEUE + "_sum"]}
-    return row
+    return {"tag": run.tag, "kind": run.kind, "traces": [t.to_json() for t in traces],
+            "metrics": {k: d[k] for k in KEPT if k in d}}
+
+
+def _delta(row: dict) -> dict:
+    """The run's metric delta (rows of the first vLLM profiles kept only the lone
+    request's prefill and queue time)."""
+    if "metrics" in row:
+        return row["metrics"]
+    if row.get("prefill_s"):
+        return {PREFILL + "_sum": row["prefill_s"], PREFILL + "_count": 1,
+                QUEUE + "_sum": row.get("queue_s", 0.0), QUEUE + "_count": 1}
+    return {}
+
+
+def _lines(row: dict) -> tuple[list[Timeline], bool]:
+    traces = [Trace.from_json(t) for t in row["traces"]]
+    return timelines(traces), all(t.ok for t in traces)
 
 
 def samples_of(row: dict, lim: VllmLimits) -> list[dict]:
-    traces = [Trace.from_json(t) for t in row["traces"]]
-    out = samples_from_timelines(timelines(traces), lim.derive_limits())
-    if row.get("prefill_s") and traces[0].ok:
-        tr = traces[0]
-        steps = chunk_steps(tr.prompt - tr.cached, tr.cached, lim.max_num_batched_tokens)
-        out.append({"steps": steps, "dur_s": round(row["prefill_s"], 7),
-                    "kind": "prefill" if len(steps) == 1 else "chunked-prefill",
-                    "source": "vllm-prefill-time", "tag": row["tag"]})
+    """The samples of one run under vLLM's rules (`calibration.vllm_derive`)."""
+    lines, all_ok = _lines(row)
+    out = vd.token_gap_samples(lines, lim.max_num_batched_tokens, lim.max_num_seqs)
+    if all_ok:
+        out += vd.engine_samples(lines, _delta(row), lim.max_num_batched_tokens, row["tag"])
+    return out
+
+
+def sglang_rule_samples(row: dict, lim: VllmLimits) -> list[dict]:
+    """The first vLLM profiles' samples, kept to compare against (benchmarks/vllm_live.py):
+    token gaps read under SGLang's rules (`calibration.derive`), plus the lone prefills."""
+    lines, all_ok = _lines(row)
+    out = samples_from_timelines(lines, lim.derive_limits())
+    if all_ok and len(lines) == 1:
+        out += [s for s in vd.engine_samples(lines, _delta(row), lim.max_num_batched_tokens,
+                                             row["tag"]) if s["source"] == "vllm-prefill-time"]
     return out
 
 
 def request_path_s(rows: list[dict]) -> float | None:
-    """Median TTFT outside the engine over the lone-prefill runs."""
-    paths = []
-    for row in rows:
-        tr = Trace.from_json(row["traces"][0])
-        if row.get("prefill_s") and tr.ok:
-            paths.append(tr.token_times[0] - tr.sent - row["prefill_s"] - row["queue_s"])
+    """Median TTFT outside the engine over the lone-request runs."""
+    paths = [p for row in rows if (p := vd.request_path(_lines(row)[0], _delta(row)))
+             is not None]
     return round(float(np.median(paths)), 6) if paths else None
 
 
-def profile(front: str, engine: str, lim: VllmLimits, out: Path, budget_s: float,
-            vocab: int, server_args: dict, log=print) -> dict:
-    """Run the plan within `budget_s`, keep the raw runs in `out.runs.jsonl`, fit, write
-    the profile to `out` and return it."""
-    runs_path = out.with_suffix(".runs.jsonl")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    runs_path.unlink(missing_ok=True)
-    start, rows = time.monotonic(), []
-    for run in make_plan(lim.server_limits()):
+# ---- the store, resumable ---------------------------------------------------------------
+@dataclass
+class Store:
+    """`PROFILE.runs.jsonl`: one row per run (raw traces, metric delta, the server's
+    identity), appended as each run ends."""
+
+    out: Path
+    identity: dict
+    rows: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def runs_path(self) -> Path:
+        return self.out.with_suffix(".runs.jsonl")
+
+    def load(self) -> None:
+        if not self.runs_path.exists():
+            return
+        _drop_torn_tail(self.runs_path)
+        for no, text in enumerate(self.runs_path.read_text().splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+                ok = isinstance(row, dict) and isinstance(row.get("tag"), str) and \
+                    all(Trace.from_json(t) for t in row["traces"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                ok = False
+            if not ok:
+                raise CalibrationError(f"{self.runs_path}:{no}: not a vLLM profiling run (a "
+                                       "JSON object with 'tag', 'traces' and 'metrics'); use "
+                                       "another --out or delete the file to start over")
+            if row.get("server") != self.identity:
+                raise CalibrationError(f"{self.runs_path}:{no} was profiled on another server "
+                                       f"({row.get('server')}, this one is {self.identity}); "
+                                       "use another --out or delete the file to start over")
+            self.rows[row["tag"]] = row
+
+    def append(self, row: dict) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        row = {**row, "server": self.identity}
+        with self.runs_path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        self.rows[row["tag"]] = row
+
+
+def run_plan(front: str, engine: str, store: Store, lim: VllmLimits, vocab: int,
+             budget_s: float, progress: Callable | None = None) -> dict:
+    """Run the plan within `budget_s` seconds, skipping runs already stored; counts."""
+    plan = make_plan(lim.server_limits())
+    start = time.monotonic()
+    counts = {"planned": len(plan), "resumed": len(store.rows), "ran": 0, "over_budget": 0,
+              "failed_requests": 0}
+    n = sum(len(samples_of(r, lim)) for r in store.rows.values())
+    for run in plan:
+        if run.tag in store.rows:
+            continue
         if time.monotonic() - start + run.estimate_s() > budget_s:
+            counts["over_budget"] += 1
             continue
         row = execute(front, engine, run, vocab)
-        rows.append(row)
-        with runs_path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        log(f"  {run.tag}: {len(samples_of(row, lim))} samples")
-    prof = fit_profile(rows, lim, server_args)
+        bad = sum(t["error"] is not None or not t["token_times"] for t in row["traces"])
+        counts["failed_requests"] += bad
+        if bad == len(row["traces"]):
+            _check_alive(engine, store, row)
+        store.append(row)
+        counts["ran"] += 1
+        n += len(samples_of(row, lim))
+        if progress:
+            progress(len(store.rows), time.monotonic() - start, n, run.tag)
+    return counts
+
+
+def _check_alive(engine: str, store: Store, row: dict) -> None:
+    from runtime.server_api import _get, describe_url_error
+
+    try:
+        _get(engine + "/health", 30.0)
+    except (OSError, urllib.error.URLError) as exc:
+        raise CalibrationError(
+            f"the vLLM server at {engine} stopped answering mid-profile (GET /health: "
+            f"{describe_url_error(exc)}; the last run's requests failed: "
+            f"{row['traces'][0]['error']}); {len(store.rows)} runs are kept in "
+            f"{store.runs_path}: run the same command again to resume") from None
+
+
+# ---- the profile ------------------------------------------------------------------------
+def fit_profile(rows: list[dict], lim: VllmLimits, server_args: dict,
+                facts: VllmFacts | None = None, sources: list[str] | None = None,
+                rules: str = "vllm") -> dict:
+    """The profile of the runs (`rules`: "vllm", or "sglang" for the first profiles' way
+    of reading token gaps, to compare against)."""
+    from calibration.profiles import machine
+
+    derive = samples_of if rules == "vllm" else sglang_rule_samples
+    samples = [s for row in rows for s in derive(row, lim)]
+    tp = facts.tp_size if facts else int(server_args.get("tensor_parallel_size") or 1)
+    fitted = fit_step_time(samples, tp)
+    fitted["step_time"]["label"] = f"{facts.model if facts else '?'} on vLLM " \
+                                   f"({facts.device if facts else 'cpu'})"
+    paths = [row for row in rows if len(row["traces"]) == 1]
+    return {
+        "servetwin_calibration": 1,
+        "engine": {"name": ENGINE, "version": facts.version if facts else "0.32.0"},
+        "model": {"name": facts.model if facts else None,
+                  "path": facts.model_path if facts else None},
+        "device": {"kind": facts.device if facts else "cpu", "tp_size": tp,
+                   "machine": machine()},
+        "server_args": dict(server_args),
+        **fitted,
+        "request_path": {"total_s": request_path_s(rows), "samples": len(paths)},
+        "derivation": rules, "runs": len(rows), "sources": sources or [],
+        "notes": list(facts.notes) if facts else [],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def profile(front: str, engine: str, lim: VllmLimits, out: Path, budget_s: float,
+            vocab: int, server_args: dict, log=print, facts: VllmFacts | None = None) -> dict:
+    """Run the plan within `budget_s` on a fresh `out` (earlier runs there are dropped),
+    fit, write the profile to `out` and return it (tests and benchmarks)."""
+    identity = facts.identity() if facts else {"engine": ENGINE}
+    out.with_suffix(".runs.jsonl").unlink(missing_ok=True)
+    store = Store(out, identity)
+    run_plan(front, engine, store, lim, vocab, budget_s,
+             lambda done, el, n, tag: log(f"  {tag}: {n} samples so far"))
+    prof = fit_profile(list(store.rows.values()), lim, server_args, facts,
+                       [f"live profile of {engine} ({store.runs_path})"])
     out.write_text(json.dumps(prof, indent=2) + "\n")
     return prof
 
 
-def fit_profile(rows: list[dict], lim: VllmLimits, server_args: dict) -> dict:
-    samples = [s for row in rows for s in samples_of(row, lim)]
-    fitted = fit_step_time(samples, 1)
-    return {"servetwin_calibration": 1, "engine": {"name": "vllm", "version": "0.32.0"},
-            "device": {"kind": "cpu", "tp_size": 1}, "server_args": server_args,
-            **fitted, "request_path": {"total_s": request_path_s(rows)},
-            "runs": len(rows), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+def calibrate(url: str, out: Path, budget_s: float, max_num_seqs: int,
+              max_num_batched_tokens: int, log=print, progress_factory=None) -> dict:
+    """`servetwin calibrate` for a vLLM server: facts, the length router's `/generate`
+    front, the plan (resumed from `out`'s runs), the fit; returns the profile (not
+    written: the caller does)."""
+    from runtime.length_router import LengthRouterProcess, Pool
+
+    facts = server_facts(url)
+    lim = facts.limits(max_num_seqs, max_num_batched_tokens)
+    if max_num_batched_tokens < 16 or lim.kv_tokens < 2 * facts.block_size:
+        raise CalibrationError(f"{url}: limits too small to profile ({lim})")
+    store = Store(out, facts.identity())
+    store.load()
+    log(f"server: vLLM {facts.version}, model {facts.model_path}, device {facts.device}; "
+        f"limits: max_num_seqs {max_num_seqs}, max_num_batched_tokens "
+        f"{max_num_batched_tokens}, {facts.num_blocks} KV blocks of {facts.block_size} "
+        f"tokens, max_model_len {facts.max_model_len}"
+        + (f"; resuming after {len(store.rows)} runs" if store.rows else ""))
+    for note in facts.notes:
+        log(f"note: {note}")
+    front_log = out.parent / (out.stem + ".front.log")
+    with LengthRouterProcess([Pool("vllm", url, ENGINE, None)], log_path=front_log) as front:
+        bar = progress_factory(len(make_plan(lim.server_limits())), budget_s) \
+            if progress_factory else None
+        counts = run_plan(front.url, url, store, lim, facts.vocab, budget_s, bar)
+        if bar:
+            bar.close()
+    log(f"runs: {counts['ran']} now, {counts['resumed']} resumed, {counts['over_budget']} "
+        f"left out by the budget, of {counts['planned']} planned; failed requests "
+        f"{counts['failed_requests']}")
+    if not store.rows:
+        raise CalibrationError(f"no profiling runs fit --budget-s {budget_s:g}")
+    return fit_profile(list(store.rows.values()), lim,
+                       facts.server_args(max_num_seqs, max_num_batched_tokens), facts,
+                       [f"live profile of {url} through the length router "
+                        f"({store.runs_path})"])
+
+
+def describe(prof: dict) -> str:
+    st, fit = prof["step_time"], prof["fit"]
+    lines = [f"vLLM {prof['engine']['version']}, model {prof['model']['name']}, "
+             f"{prof['device']['kind']}: {fit['samples']} samples ("
+             + ", ".join(f"{k} {v}" for k, v in fit["samples_by_source"].items()) + ")",
+             f"step time: {st['form']}, {st.get('target')} target; held-out error (run total "
+             "/ per step, median |error|): " + ", ".join(
+                 f"{f} {e.get('run_total_abs_rel', float('nan')):.1%} / "
+                 f"{e.get('median_abs_rel', float('nan')):.1%}"
+                 for f, e in fit["held_out"].items())]
+    for name, value in st["coefficients"].items():
+        err = st["uncertainty"].get(name)
+        lines.append(f"  {name:<18} {value:.4g}"
+                     + (f" +- {err:.3g}" if err is not None else " (not identifiable)"))
+    r = fit["residuals"]
+    lines.append(f"fit residuals: median |error| {r['median_abs_rel']:.1%}, P90 "
+                 f"{r['p90_abs_rel']:.1%}, mean {r['mean_rel']:+.1%}")
+    rp = prof["request_path"]
+    total = rp.get("total_s")
+    lines.append("request path (TTFT outside the engine): "
+                 + (f"{total * 1e3:.1f} ms" if total is not None else "not measured")
+                 + f" ({rp.get('samples', 0)} lone requests)")
+    return "\n".join(lines)

@@ -19,12 +19,16 @@ from twin.workload import SPEC_HELP
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "calibrate", help="fit the twin's step time to a live SGLang server",
+        "calibrate", help="fit the twin's step time to a live SGLang or vLLM server",
         description="Profile a live SGLang server (prefill, decode and mixed runs within a "
         "time budget; resumable) and/or read earlier runs, fit the step-time model, and "
         "write a calibration profile. Raw traces go to PROFILE.runs.jsonl and samples to "
         "PROFILE.samples.jsonl as they are taken; running again with the same --out "
-        "resumes.")
+        "resumes. A vLLM V1 server (its OpenAI API; found by /v1/models) is profiled the "
+        "same way through servetwin's length router, with samples from vLLM's own "
+        "/metrics histograms; give it --max-num-seqs and --max-num-batched-tokens (vLLM "
+        "reports neither). The profile records the engine, model and device, and is "
+        "refused for another engine (docs/calibration.md).")
     p.add_argument("--url", help="the live server, e.g. http://127.0.0.1:30000")
     p.add_argument("--out", type=Path, required=True, help="the profile to write (JSON)")
     p.add_argument("--budget-s", type=float, default=300.0,
@@ -38,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="the server's GPU type, recorded in the profile as its device "
                    "(SGLang's /server_info does not name it); not for a CPU server")
+    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="a vLLM server's --max-num-seqs (required for vLLM: its API does "
+                   "not report it)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="a vLLM server's --max-num-batched-tokens, its token budget per "
+                   "step (required for vLLM)")
     p.set_defaults(func=run_calibrate)
 
     v = sub.add_parser(
@@ -69,6 +79,16 @@ def run_calibrate(ns: argparse.Namespace) -> int:
                           "--from-bench-serving (fit on runs already made)")
     check("--budget-s", ns.budget_s, NON_NEGATIVE)
     check_out_file(ns.out)
+    if ns.url:
+        from calibration.vllm import is_vllm
+
+        if is_vllm(ns.url.rstrip("/")):
+            return _calibrate_vllm(ns)
+    for flag in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(ns, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: only for a vLLM server; "
+                              f"{ns.url or 'the offline inputs'} is not one (an SGLang "
+                              "server reports its limits in /server_info)")
     samples, info, sources = [], None, []
     if ns.url:
         try:
@@ -93,6 +113,42 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     profile = build_profile(samples, info or {}, sources, gpu=ns.gpu)
     write_profile(ns.out, profile)
     print(describe(profile))
+    print(f"wrote {ns.out}")
+    return 0
+
+
+def _calibrate_vllm(ns: argparse.Namespace) -> int:
+    """`calibrate --url` of a vLLM server (calibration/vllm.py)."""
+    from calibration.profile import Bar
+    from calibration.profiles import write_profile
+    from calibration.vllm import calibrate, describe
+    from twin.inputs import COUNT, check
+
+    url = ns.url.rstrip("/")
+    if ns.from_records or ns.from_bench_serving or ns.gpu:
+        flag = ("--from-records" if ns.from_records else "--from-bench-serving"
+                if ns.from_bench_serving else "--gpu")
+        raise ConfigError(f"{flag}: not for a vLLM server ({url}); vLLM profiles come from "
+                          "live runs only")
+    missing = [f for f in ("max_num_seqs", "max_num_batched_tokens")
+               if getattr(ns, f) is None]
+    if missing:
+        raise ConfigError(f"{url} is a vLLM server, whose API reports neither max_num_seqs "
+                          "nor max_num_batched_tokens: give the values it was started with, "
+                          + " ".join(f"--{f.replace('_', '-')} N" for f in missing))
+    check("--max-num-seqs", ns.max_num_seqs, COUNT)
+    check("--max-num-batched-tokens", ns.max_num_batched_tokens, COUNT)
+    try:
+        prof = calibrate(url, ns.out, ns.budget_s, ns.max_num_seqs, ns.max_num_batched_tokens,
+                         progress_factory=Bar)
+    except KeyboardInterrupt:
+        print(f"\nservetwin calibrate: interrupted (Ctrl-C): the runs finished are kept in "
+              f"{ns.out.with_suffix('.runs.jsonl')} (the one in progress is not); no profile "
+              "written. Run the same command again to resume, or add --budget-s 0 to fit on "
+              "those runs only", file=sys.stderr)
+        return 130
+    write_profile(ns.out, prof)
+    print(describe(prof))
     print(f"wrote {ns.out}")
     return 0
 

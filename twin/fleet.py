@@ -55,8 +55,12 @@ from twin.workload import Workload
 ENGINES = ("sglang", "vllm")
 _TOP = ("name", "gpu", "seed", "router", "pools", "replicas", "failover", "faults",
         "description", "poll_interval_s")
-_POOL = ("name", "router", "replicas")
-_REPLICA = ("name", "count", "engine", "gpu", "server_args", "step_time_backend", "twin")
+_POOL = ("name", "router", "replicas", "calibration")
+_REPLICA = ("name", "count", "engine", "gpu", "server_args", "step_time_backend", "twin",
+            "calibration")
+# the GPU entry of a replica calibrated on a CPU server: it only sizes memory (the step
+# times are the profile's), as `servetwin simulate --calibration` does
+CPU_PROFILE_GPU = "a100-pcie-80gb"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class ReplicaSpec:
     server_args: tuple  # sorted (key, value) pairs
     step_time_backend: str | None = None
     twin: tuple = ()  # SimConfig fields (sglang)
+    calibration: str | None = None  # a calibration profile (its step times), resolved path
 
 
 @dataclass
@@ -175,8 +180,9 @@ def parse_spec(doc: str | dict, path: str) -> FleetSpec:
         rat = f"{at}.replicas" if "pools" in d else "replicas"
         if not isinstance(reps, list) or not reps:
             raise where.err(rat, "must be a non-empty list")
+        pool_cal = (pool.get("calibration"), f"{at}.calibration")
         for j, rep in enumerate(reps):
-            replicas += _replica_specs(where, f"{rat}[{j}]", rep, name, gpu)
+            replicas += _replica_specs(where, f"{rat}[{j}]", rep, name, gpu, pool_cal)
     names = [r.name for r in replicas]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -289,7 +295,8 @@ def _router_dict(where: _Where, at: str, r) -> dict:
     return dict(r)
 
 
-def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[ReplicaSpec]:
+def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str,
+                   pool_cal: tuple = (None, "")) -> list[ReplicaSpec]:
     if not isinstance(rep, dict):
         raise where.err(at, "a replica is a mapping with engine, server_args, ...")
     _keys(where, at, rep, _REPLICA)
@@ -299,6 +306,13 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[Rep
     args = rep.get("server_args") or {}
     if not isinstance(args, dict):
         raise where.err(f"{at}.server_args", "must be a mapping of server arguments")
+    cal, cal_at = (rep["calibration"], f"{at}.calibration") if "calibration" in rep \
+        else pool_cal
+    if cal is not None:
+        if rep.get("step_time_backend") is not None:
+            raise where.err(f"{at}.step_time_backend", "a calibrated replica takes its step "
+                            "times from its calibration profile: drop step_time_backend")
+        cal, args, gpu = _calibrated(where, cal_at, cal, engine, args, rep, gpu)
     allowed = _engine_args(engine)
     for k in args:
         if k not in allowed:
@@ -335,8 +349,9 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[Rep
     if not isinstance(twin, dict):
         raise where.err(f"{at}.twin", "must be a mapping of the twin's settings")
     # horizon_s is the whole deployment's (--horizon), not one replica's
+    # (calibration is the replica's own key)
     sim_fields = {f.name for f in fields(SimConfig)} - {"args", "gpu", "step_time_backend",
-                                                        "horizon_s"}
+                                                        "horizon_s", "calibration"}
     for k in twin:
         if engine != "sglang" or k not in sim_fields:
             raise where.err(f"{at}.twin.{k}", f"allowed: {', '.join(sorted(sim_fields))} "
@@ -353,8 +368,56 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str) -> list[Rep
             raise where.err(f"{at}.twin.{k}", str(exc)) from None
     names = [base] if count == 1 else [f"{base}{i}" for i in range(count)]
     return [ReplicaSpec(n, pool, engine, rep.get("gpu", gpu), tuple(sorted(args.items())),
-                        rep.get("step_time_backend"), tuple(sorted(twin.items())))
+                        rep.get("step_time_backend"), tuple(sorted(twin.items())), cal)
             for n in names]
+
+
+def _calibrated(where: _Where, at: str, value, engine: str, args: dict, rep: dict,
+                gpu: str) -> tuple[str, dict, str]:
+    """(the profile's resolved path, the server arguments, the GPU entry) of a replica
+    with `calibration: FILE`: the profile must be of the replica's engine and model and
+    of its GPU; a vLLM replica takes the profile's server arguments (vLLM's names) as
+    defaults, the file's own winning."""
+    from twin.perf.fitted import check_engine, load_profile
+
+    if not isinstance(value, str) or not value:
+        raise where.err(at, f"{value!r}: must be the path of a calibration profile (JSON)")
+    path = Path(value)
+    if not path.is_absolute() and Path(where.path).is_file():
+        path = Path(where.path).resolve().parent / path  # relative to the deployment file
+    try:
+        profile = load_profile(path)
+        check_engine(profile, engine, str(path))
+    except ServetwinError as exc:
+        raise where.err(at, str(exc).removeprefix("--calibration ")) from None
+    model = profile.get("model") if isinstance(profile.get("model"), dict) else {}
+    if engine == "vllm":
+        from twin.vllm_replica import VllmArgs
+
+        known = {f.name for f in fields(VllmArgs)}
+        recorded = profile.get("server_args") if isinstance(profile.get("server_args"),
+                                                           dict) else {}
+        base = {k: v for k, v in recorded.items() if k in known}
+        if model.get("path"):
+            base["model"] = model["path"]
+        args = {**base, **args}
+    asked = args.get("model" if engine == "vllm" else "model_path")
+    if asked and model.get("name") and Path(str(asked)).name != model["name"]:
+        raise where.err(at, f"{path}: model: profile {model['name']!r}, replica "
+                        f"{Path(str(asked)).name!r}: its step times are another model's")
+    device = profile.get("device") if isinstance(profile.get("device"), dict) else {}
+    own = rep.get("gpu")
+    if device.get("kind") == "cpu":
+        if own is not None and own != CPU_PROFILE_GPU:
+            raise where.err(f"{at.rsplit('.', 1)[0]}.gpu", f"{own!r}: the replica's profile "
+                            f"({path}) measured a CPU server, whose step times are not a "
+                            "GPU's: drop gpu (the twin sizes memory on "
+                            f"{CPU_PROFILE_GPU} for it)")
+        gpu = CPU_PROFILE_GPU
+    elif device.get("gpu") and (own or gpu) != device["gpu"]:
+        raise where.err(at, f"{path}: device: profile {device['gpu']!r}, replica "
+                        f"{own or gpu!r}")
+    return str(path), args, gpu
 
 
 def _engine_args(engine: str) -> set[str]:
@@ -380,12 +443,17 @@ class Kinds:
             self.cache[key] = (cap, st, "fitted" if cfg.calibration else st.name)
         return self.cache[key]
 
-    def vllm(self, args, gpu: str, backend: str | None):
-        key = ("vllm", gpu, args, backend)
+    def vllm(self, args, gpu: str, backend: str | None, calibration: str | None = None):
+        key = ("vllm", gpu, args, backend, calibration)
         if key not in self.cache:
             from twin.vllm_replica import vllm_kind
 
-            self.cache[key] = vllm_kind(args, gpu, backend)
+            profile = None
+            if calibration is not None:
+                from twin.perf.fitted import load_profile
+
+                profile = load_profile(calibration)
+            self.cache[key] = vllm_kind(args, gpu, backend, profile, calibration)
         return self.cache[key]
 
 
@@ -414,7 +482,7 @@ def _make_one(env, r: ReplicaSpec, kinds: Kinds, horizon_s, debug_checks, slowed
         from twin.vllm_replica import VllmArgs, VllmReplica
 
         va = VllmArgs(**args)
-        cap, st = kinds.vllm(va, r.gpu, r.step_time_backend)
+        cap, st = kinds.vllm(va, r.gpu, r.step_time_backend, r.calibration)
         scaled = ScaledStepTime(st) if slowed else None
         rep = VllmReplica(env, va, cap, scaled or st, horizon_s=horizon_s,
                           debug_checks=debug_checks)
@@ -422,7 +490,8 @@ def _make_one(env, r: ReplicaSpec, kinds: Kinds, horizon_s, debug_checks, slowed
     try:
         sa = ServerArgs(**args)
         cfg = SimConfig(args=sa, gpu=r.gpu, step_time_backend=r.step_time_backend,
-                        horizon_s=horizon_s, debug_checks=debug_checks, **dict(r.twin))
+                        horizon_s=horizon_s, debug_checks=debug_checks,
+                        calibration=r.calibration, **dict(r.twin))
     except (TypeError, ServetwinError) as exc:
         raise ConfigError(f"replica {r.name}: {exc}") from None
     cap, st, backend = kinds.sglang(cfg)

@@ -96,8 +96,10 @@ ACTIVATION_VALUES_PER_TOKEN_HIDDEN = 24
 GRAPH_BYTES = 0.5 * 2**30
 
 
-def vllm_kind(args: VllmArgs, gpu: str, backend: str | None):
-    """(Capacity, step-time model) for a vLLM replica kind."""
+def vllm_kind(args: VllmArgs, gpu: str, backend: str | None, profile: dict | None = None,
+              where: str = "calibration"):
+    """(Capacity, step-time model) for a vLLM replica kind; with a vLLM calibration
+    `profile` (calibration/vllm.py), its fitted step time."""
     from twin.perf import make_step_time
 
     sa = ServerArgs(model_path=args.model, tp_size=args.tp_size,
@@ -120,6 +122,10 @@ def vllm_kind(args: VllmArgs, gpu: str, backend: str | None):
                   chunked_prefill_size=args.max_num_batched_tokens,
                   max_prefill_tokens=args.max_num_batched_tokens, context_len=max_len,
                   page_size=args.block_size, notes=(f"vLLM V1: {blocks} blocks",))
+    if profile is not None:
+        from twin.perf.fitted import vllm_step_time
+
+        return cap, vllm_step_time(profile, args.tp_size, where)
     name = backend or "opdb"
     if name == "opdb":
         from twin.errors import ConfigError

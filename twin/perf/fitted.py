@@ -177,8 +177,38 @@ def load_profile(path: str | Path) -> dict:
     return profile
 
 
-def profile_step_time(path: str | Path, capacity: Capacity, args: ServerArgs) -> StepTimeModel:
-    return from_step_time_section(load_profile(path)["step_time"], capacity, args)
+def profile_engine(profile: dict) -> str | None:
+    """The engine a profile measured (`engine.name`; None in a profile that does not say)."""
+    engine = profile.get("engine")
+    name = engine.get("name") if isinstance(engine, dict) else None
+    return str(name) if name else None
+
+
+def check_engine(profile: dict, engine: str, where: str) -> None:
+    """Refuse a profile of another engine: its steps are another scheduler's (a vLLM step
+    is one token budget of mixed prefill and decode, an SGLang step is not)."""
+    have = profile_engine(profile)
+    if have is not None and have != engine:
+        raise ConfigError(f"{where}: a calibration profile of a {have} server, for a "
+                          f"replica of engine {engine}: its step times are the other "
+                          f"scheduler's (calibrate a {engine} server)")
+
+
+def profile_step_time(path: str | Path, capacity: Capacity, args: ServerArgs,
+                      engine: str = "sglang") -> StepTimeModel:
+    profile = load_profile(path)
+    check_engine(profile, engine, f"--calibration {path}")
+    return from_step_time_section(profile["step_time"], capacity, args)
+
+
+def vllm_step_time(profile: dict, tp_size: int, where: str) -> StepTimeModel:
+    """The step time of a vLLM profile (`calibration/vllm.py`: the linear form)."""
+    check_engine(profile, "vllm", where)
+    section = profile["step_time"]
+    if section.get("form") != "linear" or not isinstance(section.get("coefficients"), dict):
+        raise ConfigError(f"{where}: a vLLM profile's step_time must be the linear form "
+                          "with coefficients (as `servetwin calibrate` writes it)")
+    return LinearStepTime(section["coefficients"], tp_size, str(section.get("label", "")))
 
 
 @register_backend("fitted")
