@@ -24,8 +24,10 @@ Scenarios, each aimed at one rule:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -82,36 +84,64 @@ class TwinRun:
     counters: dict  # the replica's VCounters as a dict
 
 
-def simulate(work: Workload, model_dir: str, profile: dict,
+def simulate(work: Workload, model_dir: str, profile: dict | str | Path,
              server_args: dict = SERVER_ARGS) -> TwinRun:
-    """The twin of the server on `work`, step times from the vLLM `profile`."""
+    """The twin of the server on `work`, step times from the vLLM `profile`: a profile
+    file goes through a deployment's `calibration:` key (twin/fleet.py, as `servetwin
+    simulate --deployment` reads it), a dict is used as it is. The profile's request path
+    is added to TTFT and E2E (the twin models the engine; the client sees the path too)."""
     from dataclasses import asdict
 
     import simpy
 
     from twin.fleet import Kinds, build_fleet, parse_spec, run_deployment
-    from twin.perf.fitted import LinearStepTime
     from twin.vllm_replica import VllmArgs, vllm_kind
 
     gpu = "a100-pcie-80gb"  # only for the capacity arithmetic: blocks are overridden
     args = {"model": model_dir, **server_args}
-    spec = parse_spec({"name": "vllm-cpu", "gpu": gpu, "router": {"name": "round_robin"},
-                       "replicas": [{"name": "replica-vllm", "engine": "vllm",
-                                     "server_args": args}]}, "<vllm_live>")
-    va = VllmArgs(**args)
+    replica = {"name": "replica-vllm", "engine": "vllm", "server_args": args}
     kinds = Kinds()
-    cap, _ = vllm_kind(va, gpu, "roofline")
-    kinds.cache[("vllm", gpu, va, None)] = (cap, LinearStepTime(
-        profile["step_time"]["coefficients"], 1, "vllm-cpu"))
+    if isinstance(profile, dict):
+        va = VllmArgs(**args)
+        kinds.cache[("vllm", gpu, va, None, None)] = vllm_kind(va, gpu, None, profile)
+        prof = profile
+    else:
+        replica["calibration"] = str(Path(profile).resolve())
+        prof = json.loads(Path(profile).read_text())
+    spec = parse_spec({"name": "vllm-cpu", "gpu": gpu, "router": {"name": "round_robin"},
+                       "replicas": [replica]}, "<vllm_live>")
     dep = build_fleet(simpy.Environment(), spec, work, kinds=kinds)
     res = run_deployment(dep)
-    path = float((profile.get("request_path") or {}).get("total_s") or 0.0)
+    path = float((prof.get("request_path") or {}).get("total_s") or 0.0)
     recs = [dict(r) for r in res.records]
     for r in recs:
         for k in ("ttft_s", "e2e_s"):
             if r.get(k) is not None:
                 r[k] += path
     return TwinRun(recs, asdict(dep.workers[0].replica.counters))
+
+
+def step_check(records: Sequence[dict], profile: dict) -> dict:
+    """How the live scenario's own steps compare with the profile's step times: the
+    median over the token-gap samples of a replay (vLLM's rules) of measured / predicted
+    (above 1: the server ran slower than when it was profiled: other load on the
+    machine)."""
+    from calibration.derive import timelines_from_records
+    from calibration.vllm_derive import token_gap_samples
+    from twin.perf.fitted import vllm_step_time
+
+    lim = limits()
+    st = vllm_step_time(profile, 1, "profile")
+    samples = token_gap_samples(timelines_from_records(records), lim.max_num_batched_tokens,
+                                lim.max_num_seqs)
+    ratios = []
+    for s in samples:
+        (chunks, (b, kv)), = s["steps"]
+        q, rem = divmod(kv, b) if b else (0, 0)
+        lens = [q + 1] * rem + [q] * (b - rem)
+        ratios.append(s["dur_s"] / st.step_time([tuple(c) for c in chunks], lens))
+    return {"samples": len(ratios),
+            "ratio": round(float(np.median(ratios)), 3) if ratios else None}
 
 
 # ---- what is compared -----------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 What the twin-vs-live comparison and the vLLM profile read: preemptions, engine steps
 (`vllm:iteration_tokens_total_count`: one observation per step), prefix-cache queries and
-hits, and the sums and counts of the per-request queue, prefill and TTFT histograms
+hits, and the sums and counts of the per-request queue, prefill, decode and TTFT histograms
 (vLLM's engine-side timestamps; its OpenAI API returns none of them per request).
 """
 
@@ -20,6 +20,8 @@ NAMES = (
     "vllm:request_queue_time_seconds_count",
     "vllm:request_prefill_time_seconds_sum",
     "vllm:request_prefill_time_seconds_count",
+    "vllm:request_decode_time_seconds_sum",
+    "vllm:request_decode_time_seconds_count",
     "vllm:time_to_first_token_seconds_sum",
     "vllm:time_to_first_token_seconds_count",
     "vllm:request_success_total",
