@@ -91,16 +91,17 @@ def main() -> int:
             live, delta = vl.replay_scenario(front.url, engine.url, work)
             twin_b = vl.simulate(work, model_dir, before_path)
             twin_a = vl.simulate(work, model_dir, after_path)
+            checks[name] = check = vl.step_check(live, after)
+            twin_s = vl.simulate(work, model_dir, vl.scaled(after, check["total_ratio"] or 1.0))
             write_records(out / f"{name}-live.jsonl", live)
             write_records(out / f"{name}-twin.jsonl", twin_a.records)
             write_records(out / f"{name}-twin-before.jsonl", twin_b.records)
             (out / f"{name}-metrics.json").write_text(json.dumps(delta, indent=1) + "\n")
-            lrow, brow, arow = (vl.live_row(name, live, delta), vl.twin_row(name, twin_b),
-                                vl.twin_row(name, twin_a))
+            lrow, brow, arow, srow = (vl.live_row(name, live, delta), vl.twin_row(name, twin_b),
+                                      vl.twin_row(name, twin_a), vl.twin_row(name, twin_s))
             brow["side"], arow["side"] = "twin before", "twin after"
             rows += [lrow, arow]
-            gaps.append((name, lrow, brow, arow))
-            checks[name] = vl.step_check(live, after)
+            gaps.append((name, lrow, brow, arow, srow))
             print(f"  {name} done", flush=True)
     text = report(stamp, where, after, before, rows, gaps, checks)
     print(text)
@@ -125,19 +126,20 @@ def _fit_line(prof: dict) -> str:
 
 
 def _pct(twin, live) -> str:
-    if twin is None or live is None or live == 0:
-        return "-"
+    if twin is None or live is None or live < 0.001:
+        return "-"  # a queue under a millisecond is vLLM's bookkeeping
     return f"{(twin - live) / live:+.0%}"
 
 
 def gap_table(gaps) -> str:
     out = ["| scenario | metric | live (s) | twin before (s) | twin after (s) | error before | "
-           "error after |", "|---|---|---:|---:|---:|---:|---:|"]
-    for name, live, before, after in gaps:
+           "error after | after x drift: error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, live, before, after, drift in gaps:
         for key, label in GAP:
             lv, bv, av = live[key], before[key], after[key]
             out.append(f"| {name} | {label} | {vl._cell(lv)} | {vl._cell(bv)} | "
-                       f"{vl._cell(av)} | {_pct(bv, lv)} | {_pct(av, lv)} |")
+                       f"{vl._cell(av)} | {_pct(bv, lv)} | {_pct(av, lv)} | "
+                       f"{_pct(drift[key], lv)} |")
     return "\n".join(out)
 
 
@@ -172,11 +174,16 @@ def report(stamp: str, where: str, after: dict, before: dict, rows: list[dict], 
               "The latency gap, twin against live, before and after (errors (twin - live) "
               "/ live):", "", gap_table(gaps), "",
               f"Mean |error| over TTFT mean/P50 and E2E mean of the four scenarios: before "
-              f"{mean_abs(gaps, 2)}, after {mean_abs(gaps, 3)}.", "",
+              f"{mean_abs(gaps, 2)}, after {mean_abs(gaps, 3)}, after x drift "
+              f"{mean_abs(gaps, 4)}.", "",
               "Step-time check (the live scenarios' own token-gap steps, vLLM's rules, "
-              "measured / the after profile's prediction, median): " + ", ".join(
-                  f"{n} {c['ratio']} ({c['samples']} steps)" for n, c in checks.items())
-              + ".", "", "Printed by `python benchmarks/vllm_live.py`."]
+              "measured / the after profile's prediction: median, and sum / sum): " + ", ".join(
+                  f"{n} {c['ratio']} / {c['total_ratio']} ({c['samples']} steps)"
+                  for n, c in checks.items())
+              + ". `after x drift`: the after profile with every step scaled by that scenario's "
+              "sum / sum, i.e. the twin on a machine as slow as the live run measured it (a "
+              "diagnostic of the scheduling model, not a prediction).", "",
+              "Printed by `python benchmarks/vllm_live.py`."]
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ HARNESS_GPU = "a100-pcie-80gb"  # for capacity only: a CPU server's pool is --ma
 TWIN_ENGINE = ("sglang", "0.5")  # the engine the twin models: SGLang 0.5.x
 KEYS = ("engine", "version", "model", "device")
 VLLM_HINT = ("; a vLLM profile is for the vLLM replicas of a deployment (`calibration: "
-             "FILE` in `servetwin simulate --deployment FILE`, docs/fleet.md)")
+             "FILE` in `servetwin simulate --deployment FILE`, docs/calibration.md)")
 
 
 def model_name(path: object) -> str:

@@ -134,14 +134,27 @@ def step_check(records: Sequence[dict], profile: dict) -> dict:
     st = vllm_step_time(profile, 1, "profile")
     samples = token_gap_samples(timelines_from_records(records), lim.max_num_batched_tokens,
                                 lim.max_num_seqs)
-    ratios = []
+    measured, predicted = [], []
     for s in samples:
         (chunks, (b, kv)), = s["steps"]
         q, rem = divmod(kv, b) if b else (0, 0)
         lens = [q + 1] * rem + [q] * (b - rem)
-        ratios.append(s["dur_s"] / st.step_time([tuple(c) for c in chunks], lens))
-    return {"samples": len(ratios),
-            "ratio": round(float(np.median(ratios)), 3) if ratios else None}
+        measured.append(s["dur_s"])
+        predicted.append(st.step_time([tuple(c) for c in chunks], lens))
+    m, p = np.array(measured), np.array(predicted)
+    return {"samples": len(m),
+            "ratio": round(float(np.median(m / p)), 3) if len(m) else None,
+            "total_ratio": round(float(m.sum() / p.sum()), 3) if len(m) else None}
+
+
+def scaled(profile: dict, factor: float) -> dict:
+    """The profile with every step `factor` times as long (a diagnostic: the twin on the
+    machine as slow as a live run measured it, `step_check`'s `total_ratio`)."""
+    out = json.loads(json.dumps(profile))
+    coef = out["step_time"]["coefficients"]
+    for k in coef:
+        coef[k] *= factor
+    return out
 
 
 # ---- what is compared -----------------------------------------------------------------

@@ -13,11 +13,15 @@ A spec (YAML or JSON file, or a preset by name; docs/fleet.md):
           - {name: sg, count: 2, engine: sglang,
              server_args: {model_path: ..., tp_size: 2, max_total_tokens: 140000}}
       - name: medium
+        calibration: vllm-profile.json   # a pool's profile (`servetwin calibrate`), for each
         replicas: [{name: vm, engine: vllm, server_args: {tp_size: 2, max_model_len: 65536}}]
     failover: {retry_max_retries: 5, health_check_interval_secs: 60, streaming: true}
     faults: [{kind: crash, replica: sg0, at_s: 120, repair_s: 60}]
 
-`count: n` makes replicas `name0..name{n-1}`. Capacity and step-time tables are built once
+`count: n` makes replicas `name0..name{n-1}`. `calibration: FILE` (a replica's or a pool's;
+relative to the deployment file) gives a replica the step times of a calibration profile
+of its engine, model and device (refused otherwise); a vLLM replica also takes the
+profile's server arguments as defaults (docs/calibration.md). Capacity and step-time tables are built once
 per distinct replica kind (engine, GPU, server arguments, backend) and shared. Errors name
 the file, line and field.
 """
@@ -47,6 +51,8 @@ from twin.inputs import (
 )
 from twin.metrics import SERIES_FIELDS, SLO, write_records
 from twin.outputs import atomic_write_text, atomic_writer
+from twin.record_sink import CHUNK
+from twin.record_sink_fleet import UNFINISHED
 from twin.routers import make_router
 from twin.sim import SimConfig, make_replica, step_time_for
 from twin.source import Source
@@ -534,7 +540,9 @@ class FleetResult:
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        write_records(out / "requests.jsonl", self.records)
+        path, done = out / "requests.jsonl", getattr(self.records, "path", None)
+        if not (done is not None and path.exists() and path.samefile(done)):
+            write_records(path, self.records)  # (a streamed run wrote its own already)
         atomic_write_text(out / "summary.json", json.dumps(self.summary, indent=2) + "\n")
         width = len(SERIES_FIELDS)
         with atomic_writer(out / "timeseries.csv") as fh:
@@ -546,22 +554,36 @@ class FleetResult:
 
 def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = None,
                    horizon_s: float | None = None, kinds: Kinds | None = None,
-                   debug_checks: bool = False, on_start=None) -> FleetResult:
+                   debug_checks: bool = False, on_start=None, out: Path | None = None,
+                   record_chunk: int = CHUNK) -> FleetResult:
     """Run `workload` through the deployment `spec` (a FleetSpec, a preset name or a file);
-    `on_start()` is called once the fleet is built, as the simulation starts."""
+    `on_start()` is called once the fleet is built, as the simulation starts. With `out`
+    the records are streamed to `out/requests.jsonl` (`run_deployment`)."""
     if isinstance(spec, str):
         spec = load_spec(spec)
     env = simpy.Environment()
     dep = build_fleet(env, spec, workload, horizon_s, kinds, debug_checks)
     if on_start is not None:
         on_start()
-    result = run_deployment(dep, slo)
+    result = run_deployment(dep, slo, out, record_chunk)
     result.summary["deployment"] = spec.name
     return result
 
 
-def run_deployment(dep: Deployment, slo: SLO | None = None) -> FleetResult:
-    """Start a built deployment, run it to the end, and collect its results."""
+def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = None,
+                   record_chunk: int = CHUNK) -> FleetResult:
+    """Start a built deployment, run it to the end, and collect its results. With `out`
+    (a directory) the records are streamed to `out/requests.jsonl` as requests finish
+    (twin/record_sink_fleet.py: `record_chunk` at a time; the same bytes) and
+    `result.records` reads them back."""
+    sink = None
+    if out is not None:
+        from twin.record_sink import Count
+        from twin.record_sink_fleet import TicketSink
+
+        sink = dep.done_tickets = TicketSink(dep, Path(out) / "requests.jsonl", record_chunk)
+        for w in dep.workers:  # the tickets hold the final attempts; nothing else needs them
+            w.replica.finished = Count()
     dep.start(run_replicas=True)
     interrupted = None
     try:
@@ -569,15 +591,19 @@ def run_deployment(dep: Deployment, slo: SLO | None = None) -> FleetResult:
     except KeyboardInterrupt:  # keep what is done: finalize gives the rest `aborted`
         interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
     dep.finalize()
-    records = dep.records()
+    if sink is not None:
+        sink.interrupted = interrupted  # its merge rewrites the errors, as below
+        records = sink.finish()
+    else:
+        records = dep.records()
     summary = dep.summary(records, slo)
     if interrupted:
-        for r in records:
-            if r["status"] == "aborted" and (r["error"] or "").startswith(("not sent before the "
-                                                                   "horizon", "simulation ended")):
-                r["error"] = f"{interrupted}, before it finished"
+        if sink is None:
+            for r in records:
+                if r["status"] == "aborted" and (r["error"] or "").startswith(UNFINISHED):
+                    r["error"] = f"{interrupted}, before it finished"
         summary["partial"] = {"stop_reason": interrupted, "simulated_s": round(dep.env.now, 6),
-                              "unfinished": sum(r["status"] == "aborted" for r in records)}
+                              "unfinished": summary["status"]["aborted"]}
     return FleetResult(records, summary, dep.series(), dep, interrupted)
 
 
