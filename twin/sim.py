@@ -9,6 +9,7 @@ from pathlib import Path
 
 import simpy
 
+from twin import fastpath
 from twin.cluster import Deployment
 from twin.config import Capacity, ServerArgs, derive_capacity
 from twin.decider import Decider
@@ -246,7 +247,7 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     `record_chunk` finished requests held, the rest spilled beside it and merged at the
     end, the same bytes; `result.records` reads the file back); `keep_records=False`
     without `out`: only the summary (nothing per request is kept)."""
-    env = simpy.Environment()
+    env = fastpath.environment(workload, cfg)  # a plain loop in its domain (issue 14)
     rep, backend = build_replica(env, workload, cfg, step_time)
     rep.progress = progress
     if keep_compactions:
@@ -259,10 +260,13 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
                           WARMUP_RID if bench else None)
         rep.finished = sink
         rep.feed.done_tickets = _Count()  # the deployment's tickets: not needed for one
-    env.process(rep.run())
     interrupted = None
     try:
-        env.run()
+        if isinstance(env, fastpath.PlainClock):
+            fastpath.run(rep)
+        else:
+            env.process(rep.run())
+            env.run()
     except KeyboardInterrupt:  # keep what is done: every request still gets its record
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
     if sink is not None:

@@ -1,0 +1,190 @@
+"""The single-server run without SimPy (issue 14): the same scheduler, a plain loop.
+
+`simulate` (twin/sim.py) runs one server fed by one open-loop source. SimPy then holds two
+processes: the replica's scheduler loop (`Replica.run`) and the deployment's feeder
+(`Deployment.run`), which wakes at every arrival to hand the request over. This module
+runs the same two in a plain loop on a clock that schedules nothing (`PlainClock`):
+
+- the replica's pass is `Replica.run`'s, calling the replica's own methods (prefill,
+  decode runs, finishes, retractions, sampling: the same objects, the same state);
+  their generators never yield here (a policy decider answers at once, and every sleep
+  moves the clock on, as `Replica._sleep` already does when nothing else is due);
+- the feeder is replayed exactly: it fires at f, f' = f + max(next - f, 0.0), ... (the
+  float sums SimPy's timeouts make), pumps at each firing and, when the source is
+  exhausted, tells the replica nothing more will come. A firing matters to the replica
+  only through what it submits and the wake-up it triggers; the replica's own pump at
+  each pass hands over the same requests in the same order, so firings are replayed
+  lazily, before the pass at or after their time.
+
+The domain (`reason_not`): `simulate` of one server, open loop (no `concurrency`, so no
+closed-loop clients), no `--horizon`, no `--debug-checks`; any policy, allocator, cache,
+overlap and request path (they are the replica's own code). Everything else, and any run
+with SERVETWIN_GENERAL_LOOP=1 in the environment, runs on SimPy. The records are
+byte-identical to SimPy's: tests/test_fastpath.py runs both on a grid of configurations.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Generator
+
+import simpy
+
+from twin.errors import ServetwinError
+
+GENERAL_LOOP_ENV = "SERVETWIN_GENERAL_LOOP"  # =1: always SimPy (the reference loop)
+
+
+class FastPathError(ServetwinError):
+    """The plain loop met something only SimPy can run (a bug: the domain is wrong)."""
+
+
+class PlainClock(simpy.Environment):
+    """SimPy's environment as a clock only: events may be created and triggered, nothing
+    is ever scheduled (the plain loop decides what happens next). `peek` is the feeder's
+    next firing, as in SimPy's queue: a replica's sleep that would pass it returns a
+    timeout (`Replica._sleep`), which `_drive` turns into the firings and the jump."""
+
+    due = math.inf  # the feeder's next firing (`_Feeder`)
+
+    def schedule(self, event, priority=1, delay=0) -> None:
+        pass
+
+    def peek(self) -> float:
+        return self.due
+
+    def step(self) -> None:
+        raise FastPathError("the plain loop's clock cannot step SimPy events")
+
+
+def reason_not(workload, cfg) -> str | None:
+    """Why `simulate(workload, cfg)` must run on SimPy (None: the plain loop runs it)."""
+    if os.environ.get(GENERAL_LOOP_ENV, "") not in ("", "0"):
+        return f"{GENERAL_LOOP_ENV} is set"
+    if cfg.debug_checks:
+        return "--debug-checks"
+    if cfg.horizon_s is not None:
+        return "--horizon"
+    if workload.concurrency is not None:
+        return "closed loop"
+    return None
+
+
+def environment(workload, cfg) -> simpy.Environment:
+    """The clock for `simulate`: a `PlainClock` in the plain loop's domain, else SimPy's."""
+    return PlainClock() if reason_not(workload, cfg) is None else simpy.Environment()
+
+
+class _Feeder:
+    """`Deployment.run` for an open-loop source, replayed: `due` is its next firing."""
+
+    def __init__(self, dep, env: PlainClock) -> None:
+        self.dep, self.env = dep, env
+        nxt = dep.source.next_time()  # the feeder's first step, at time 0
+        self._set(None if nxt is None else 0.0 + max(nxt - 0.0, 0.0))
+
+    def _set(self, due: float | None) -> None:
+        self.due = due
+        self.env.due = math.inf if due is None else due
+        if due is None:  # the source is exhausted: idle replicas see nothing will come
+            for rep in self.dep.replicas:
+                rep.submit_nothing()
+
+    def fire(self) -> None:
+        f = self.due
+        self.dep.pump(f)
+        nxt = self.dep.source.next_time()
+        self._set(None if nxt is None else f + max(nxt - f, 0.0))
+
+    def advance(self, t: float) -> None:
+        """The replica sleeps until `t`: every firing due by then happens first."""
+        while self.due is not None and self.due <= t:
+            self.env._now = self.due  # SimPy's clock at the firing (submits read it)
+            self.fire()
+        self.env._now = t
+
+
+def _drive(gen: Generator, feeder: _Feeder):
+    """Run one of the replica's generator methods to its end; its return value. A
+    timeout it yields (a sleep past the feeder's next firing) is served as SimPy would:
+    the firings due by its end first (scheduled earlier, they come first at a tie)."""
+    try:
+        ev = next(gen)
+        while True:
+            if type(ev) is not simpy.Timeout:
+                gen.close()
+                raise FastPathError(f"the replica waited on {type(ev).__name__} in the "
+                                    "plain loop")
+            feeder.advance(feeder.env._now + ev._delay)
+            ev = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+def run(rep) -> None:
+    """`Replica.run` of a replica built on a `PlainClock` by `build_replica`, with its
+    feeder, to the end of the workload."""
+    env = rep.env
+    if not isinstance(env, PlainClock):
+        raise FastPathError("the plain loop needs a replica built on a PlainClock")
+    rep._fast_clock = True  # a sleep short of the feeder's next firing moves the clock
+    feeder = _Feeder(rep.feed, env)
+    fl = rep.freed_later
+    same_t, spins = -1.0, 0
+    while True:
+        now = env._now
+        spins = spins + 1 if now == same_t else 0
+        same_t = now
+        if spins > 100_000:
+            raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes without "
+                               f"time advancing ({len(rep.waiting)} waiting, "
+                               f"{len(rep.running)} running)")
+        rep._pull_arrivals(now)
+        if fl is not None and fl.turn():
+            rep.batch_full = False
+        if now >= rep._next_sample:
+            rep._sample(now)
+        if rep._stall > 0:
+            stall, rep._stall = rep._stall, 0.0
+            rep.counters.stall_s += stall
+            feeder.advance(now + stall)
+            continue
+        if rep.shrunk:
+            rep.shrunk = False
+            rep.batch_full = False
+        batch = _drive(rep._schedule_prefill(now), feeder)
+        if batch:
+            _drive(rep._run_prefill(batch), feeder)
+            if not rep._placed_any and rep.running:
+                _drive(rep._run_decode(), feeder)
+        elif rep.running:
+            _drive(rep._run_decode(), feeder)
+        elif fl is not None and fl.release():
+            rep.batch_full = False
+            continue
+        else:
+            rep.batch_full = False
+            rep.new_token_ratio = rep.init_ratio
+            if rep._inbox:
+                continue
+            if rep.waiting or rep.chunked is not None:
+                if rep.feed.next_arrival() is None:
+                    rep._reject_stuck()
+                    continue
+            elif rep.feed.done():
+                break
+            if not _idle(rep, feeder):
+                return  # SimPy would run out of events with the replica asleep
+    rep._end(env._now)
+
+
+def _idle(rep, feeder: _Feeder) -> bool:
+    """`Inbox._idle` without a horizon: sleep until a submit (a wake-up already
+    triggered resumes at once). False when nothing will ever wake the replica."""
+    while not rep._wake.triggered:
+        if feeder.due is None:
+            return False
+        feeder.advance(feeder.due)
+    rep._wake = rep.env.event()
+    return True
