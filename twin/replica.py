@@ -131,8 +131,12 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._unplaced: list[SimRequest] = []  # requests this pass admitted but not placed
         self._placed_any = True  # whether the last prefill pass placed anything
         self.cur_batch: list[SimRequest] = []  # the prefill batch being run
-        # SGLang's overlap loop: finished requests free their slot and KV a pass later
+        # SGLang's overlap loop: finished requests free their slot and KV a pass later,
+        # and a request that arrives while a step runs is taken in a pass later
         self.freed_later = FreedLater() if overlap else None
+        self._known = 0  # inbox entries the last pass saw and left (received meanwhile)
+        self._scheduled_at: float | None = None  # the pass time of the step in flight
+        self._pass_at = 0.0  # the time of the current pass
         self._fast_clock = type(env) is simpy.Environment  # see `_sleep`
         self._counts_only = type(self.alloc) is TokenPool  # decode_steps is room // batch
         self._dt_cache: tuple = (None, 0, 0, np.empty(0))  # `_decode_times`
@@ -221,15 +225,36 @@ class Replica(Inbox, KVMemory, CutRuns):
     def _pull_arrivals(self, now: float) -> None:
         self.feed.pump(now)
         inbox, self._inbox = self._inbox, []
+        cutoff, self._scheduled_at, self._pass_at = self._scheduled_at, None, now
+        if self.freed_later is not None:
+            inbox, self._inbox = self._seen_by(inbox, cutoff)
+        recv = now if cutoff is None else cutoff
         for sent, req in inbox:
             r = SimRequest(req, sent, self._n_seen)
-            r.queue_entry_s = r.entered_s = now  # SGLang's wait_queue_entry_time
+            r.queue_entry_s = r.entered_s = recv  # SGLang's wait_queue_entry_time
             r.arrival_work = self.counters.prefill_tokens  # arrival_processed_tokens
             r.ignore_eos = self.ignore_eos
             self._n_seen += 1
             if not self._validate(r):
                 continue
             self.waiting.append(r)
+
+    def _seen_by(self, inbox: list[tuple[float, Request]], cutoff: float | None
+                 ) -> tuple[list[tuple[float, Request]], list[tuple[float, Request]]]:
+        """SGLang's overlap loop receives requests at the top of an iteration, which
+        begins as the step before the one in flight ends: the next step is scheduled
+        while the one in flight runs. So this pass (scheduling the step that starts now)
+        takes what had arrived when the step in flight was scheduled (`cutoff`, that
+        pass's time): the requests the last pass left in the inbox, at its front. What
+        came later is received now and scheduled a pass later. With nothing in flight
+        (cutoff None) the idle scheduler receives everything at once. (Counting entries,
+        not comparing times: a submit's clock time differs between the SimPy loop and
+        the plain one, twin/fastpath.py; which pass a request reached first does not.)
+        Returns (taken, left)."""
+        n = len(inbox) if cutoff is None else min(self._known, len(inbox))
+        taken, left = inbox[:n], inbox[n:]
+        self._known = len(left)
+        return taken, left
 
     def _validate(self, r: SimRequest) -> bool:
         """SGLang's input checks: too long a prompt is refused; `max_new_tokens` beyond the
@@ -368,6 +393,7 @@ class Replica(Inbox, KVMemory, CutRuns):
             if ev is not None:
                 yield ev
         now = self.env.now
+        self._scheduled_at = self._pass_at if self.freed_later is not None else None
         restored, swap_in_s = [], 0.0
         self._unplaced = []
         for req, ext in list(batch):
@@ -483,6 +509,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         running = self.running
         b = len(running)
         now = self.env.now
+        self._scheduled_at = self._pass_at if self.freed_later is not None else None
         room = self.room()
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
         k_mem = room // b if self._counts_only else self.alloc.decode_steps(
@@ -571,6 +598,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         fl = self.freed_later
         if fl is not None and (fl.slots or fl.tokens) and (self.waiting or self.chunked):
             candidates.append(self.env.now)  # one step: what it holds is free after it
+        if fl is not None and self._inbox:  # received now: schedulable after one step
+            candidates.append(self.env.now)
         if arrivals and (not self.batch_full or self.preempt):
             nxt = self.feed.next_arrival()
             if nxt is not None:
@@ -728,6 +757,7 @@ class Replica(Inbox, KVMemory, CutRuns):
     def restart(self) -> None:
         """Back after a repair: a fresh scheduler over the (empty) pool; `run()` again."""
         self.batch_full = self.shrunk = False
+        self._known, self._scheduled_at = 0, None
         self.new_token_ratio = self.init_ratio
         self._stall = 0.0
         self._wake = self.env.event()
