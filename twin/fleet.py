@@ -64,9 +64,6 @@ _TOP = ("name", "gpu", "seed", "router", "pools", "replicas", "failover", "fault
 _POOL = ("name", "router", "replicas", "calibration")
 _REPLICA = ("name", "count", "engine", "gpu", "server_args", "step_time_backend", "twin",
             "calibration")
-# the GPU entry of a replica calibrated on a CPU server: it only sizes memory (the step
-# times are the profile's), as `servetwin simulate --calibration` does
-CPU_PROFILE_GPU = "a100-pcie-80gb"
 
 
 @dataclass(frozen=True)
@@ -318,7 +315,9 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str,
         if rep.get("step_time_backend") is not None:
             raise where.err(f"{at}.step_time_backend", "a calibrated replica takes its step "
                             "times from its calibration profile: drop step_time_backend")
-        cal, args, gpu = _calibrated(where, cal_at, cal, engine, args, rep, gpu)
+        from twin.fleet_calibration import calibrated
+
+        cal, args, gpu = calibrated(where, cal_at, cal, engine, args, rep, gpu)
     allowed = _engine_args(engine)
     for k in args:
         if k not in allowed:
@@ -376,54 +375,6 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str,
     return [ReplicaSpec(n, pool, engine, rep.get("gpu", gpu), tuple(sorted(args.items())),
                         rep.get("step_time_backend"), tuple(sorted(twin.items())), cal)
             for n in names]
-
-
-def _calibrated(where: _Where, at: str, value, engine: str, args: dict, rep: dict,
-                gpu: str) -> tuple[str, dict, str]:
-    """(the profile's resolved path, the server arguments, the GPU entry) of a replica
-    with `calibration: FILE`: the profile must be of the replica's engine and model and
-    of its GPU; a vLLM replica takes the profile's server arguments (vLLM's names) as
-    defaults, the file's own winning."""
-    from twin.perf.fitted import check_engine, load_profile
-
-    if not isinstance(value, str) or not value:
-        raise where.err(at, f"{value!r}: must be the path of a calibration profile (JSON)")
-    path = Path(value)
-    if not path.is_absolute() and Path(where.path).is_file():
-        path = Path(where.path).resolve().parent / path  # relative to the deployment file
-    try:
-        profile = load_profile(path)
-        check_engine(profile, engine, str(path))
-    except ServetwinError as exc:
-        raise where.err(at, str(exc).removeprefix("--calibration ")) from None
-    model = profile.get("model") if isinstance(profile.get("model"), dict) else {}
-    if engine == "vllm":
-        from twin.vllm_replica import VllmArgs
-
-        known = {f.name for f in fields(VllmArgs)}
-        recorded = profile.get("server_args") if isinstance(profile.get("server_args"),
-                                                           dict) else {}
-        base = {k: v for k, v in recorded.items() if k in known}
-        if model.get("path"):
-            base["model"] = model["path"]
-        args = {**base, **args}
-    asked = args.get("model" if engine == "vllm" else "model_path")
-    if asked and model.get("name") and Path(str(asked)).name != model["name"]:
-        raise where.err(at, f"{path}: model: profile {model['name']!r}, replica "
-                        f"{Path(str(asked)).name!r}: its step times are another model's")
-    device = profile.get("device") if isinstance(profile.get("device"), dict) else {}
-    own = rep.get("gpu")
-    if device.get("kind") == "cpu":
-        if own is not None and own != CPU_PROFILE_GPU:
-            raise where.err(f"{at.rsplit('.', 1)[0]}.gpu", f"{own!r}: the replica's profile "
-                            f"({path}) measured a CPU server, whose step times are not a "
-                            "GPU's: drop gpu (the twin sizes memory on "
-                            f"{CPU_PROFILE_GPU} for it)")
-        gpu = CPU_PROFILE_GPU
-    elif device.get("gpu") and (own or gpu) != device["gpu"]:
-        raise where.err(at, f"{path}: device: profile {device['gpu']!r}, replica "
-                        f"{own or gpu!r}")
-    return str(path), args, gpu
 
 
 def _engine_args(engine: str) -> set[str]:
