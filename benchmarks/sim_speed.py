@@ -10,8 +10,9 @@ default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCIe at TP 2)
     python benchmarks/sim_speed.py [--sizes 10000 100000] [--base COMMIT] [--base-max N]
         [--workloads vidur h100] [--rounds 1]
 
-The previous commit is checked out with `git worktree add -f /tmp/servetwin-base COMMIT`
-and run as `PYTHONPATH=/tmp/servetwin-base python -m servetwin.cli simulate ...` in the
+The previous commit is checked out with `git worktree add` into a fresh temporary directory
+(/tmp/servetwin-base-XXXX: two benchmarks at once do not share a tree) and run as
+`PYTHONPATH=/tmp/servetwin-base-XXXX/tree python -m servetwin.cli simulate ...` in the
 same venv, from a directory outside both trees (so neither shadows the other). Each
 child's CPU time and peak RSS come from `os.wait4` (its own `rusage`).
 """
@@ -70,8 +71,8 @@ def same_files(a: Path, b: Path) -> str:
 
 
 def base_tree(commit: str, name: str = "servetwin-base") -> Path:
-    path = Path(tempfile.gettempdir()) / name
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path),
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "tree"  # its own: runs may overlap
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path),
                     commit], check=True, capture_output=True)
     return path
 
@@ -127,6 +128,7 @@ def main() -> None:
         if tree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            capture_output=True)
+            tree.parent.rmdir()  # the temporary directory it was made in
 
 
 if __name__ == "__main__":
