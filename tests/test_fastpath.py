@@ -147,3 +147,24 @@ def test_an_empty_workload_ends_at_once(tmp_path, monkeypatch):
     assert_same(Workload("empty", (), None), cfg, tmp_path, monkeypatch)
     res = simulate(Workload("empty", (), None), cfg)
     assert json.loads(json.dumps(res.summary))["engine"]["decode_steps"] == 0
+
+
+def test_a_ctrl_c_keeps_the_same_partial_records(tmp_path, monkeypatch):
+    """Interrupted at the same sample (progress raises KeyboardInterrupt, as a Ctrl-C
+    does), both loops write the same partial records and summary."""
+    w = from_spec(VIDUR.format(rate=5, n=300), 3)
+    cfg = SimConfig(args=ServerArgs(model_path=MODEL), gpu=GPU, step_time_backend="roofline")
+
+    def stop(done, now):
+        if done >= 40:
+            raise KeyboardInterrupt
+
+    outs = []
+    for general in (False, True):
+        monkeypatch.setenv(fastpath.GENERAL_LOOP_ENV, "1" if general else "0")
+        res = simulate(w, cfg, progress=stop)
+        assert res.interrupted and res.summary["partial"]["unfinished"] > 0
+        res.write(tmp_path / str(general))
+        outs.append([(tmp_path / str(general) / f).read_bytes()
+                     for f in ("requests.jsonl", "summary.json")])
+    assert outs[0] == outs[1]

@@ -7,20 +7,22 @@ runs the same two in a plain loop on a clock that schedules nothing (`PlainClock
 
 - the replica's pass is `Replica.run`'s, calling the replica's own methods (prefill,
   decode runs, finishes, retractions, sampling: the same objects, the same state);
-  their generators never yield here (a policy decider answers at once, and every sleep
-  moves the clock on, as `Replica._sleep` already does when nothing else is due);
+  their generators yield only the timeouts below (a policy decider answers at once);
 - the feeder is replayed exactly: it fires at f, f' = f + max(next - f, 0.0), ... (the
-  float sums SimPy's timeouts make), pumps at each firing and, when the source is
-  exhausted, tells the replica nothing more will come. A firing matters to the replica
-  only through what it submits and the wake-up it triggers; the replica's own pump at
-  each pass hands over the same requests in the same order, so firings are replayed
-  lazily, before the pass at or after their time.
+  float sums SimPy's timeouts make), pumps at each firing with the clock at f (a submit
+  reads it) and, when the source is exhausted, tells the replica nothing more will come.
+  `PlainClock.peek` is its next firing, so a replica's sleep that would pass it returns a
+  timeout (as `Replica._sleep` does on SimPy), and the firings due by the sleep's end are
+  run first, as SimPy runs them (at a tie the feeder's timeout was scheduled first).
 
 The domain (`reason_not`): `simulate` of one server, open loop (no `concurrency`, so no
 closed-loop clients), no `--horizon`, no `--debug-checks`; any policy, allocator, cache,
 overlap and request path (they are the replica's own code). Everything else, and any run
 with SERVETWIN_GENERAL_LOOP=1 in the environment, runs on SimPy. The records are
-byte-identical to SimPy's: tests/test_fastpath.py runs both on a grid of configurations.
+byte-identical to SimPy's: tests/test_fastpath.py runs both on random configurations and
+a grid of the CLI's shapes. Speed: the loop is the replica's, so this alone gains little
+(SimPy's own share was small, benchmarks/sim_speed.py); it is the seam where a specialised
+pass (scalar state, whole decode runs) can replace the replica's methods in its domain.
 """
 
 from __future__ import annotations
