@@ -266,3 +266,30 @@ def test_an_sglang_profile_is_refused_for_a_vllm_replica(tmp_path):
     with pytest.raises(ConfigError, match="profile of a sglang server, for a replica of "
                                           "engine vllm"):
         load_spec(str(deploy(tmp_path, "{name: v, engine: vllm, calibration: sg.json}")))
+
+
+def test_an_sglang_replica_takes_an_sglang_profiles_step_times(tmp_path, capsys):
+    from runtime.cpu.model import write_config
+    from servetwin.cli import main
+    from twin.fleet import load_spec, simulate_fleet
+    from twin.workload import from_spec
+
+    bench = Path(__file__).parent / "data" / "bench_serving_cpu.jsonl"
+    assert main(["calibrate", "--from-bench-serving", str(bench), "--out",
+                 str(tmp_path / "sg.json")]) == 0
+    capsys.readouterr()
+    (tmp_path / MODEL).mkdir()
+    write_config(tmp_path / MODEL)
+    rep = ("{name: s, engine: sglang, %s server_args: {model_path: " + str(tmp_path / MODEL)
+           + ", tp_size: 1, max_total_tokens: 16384, disable_cuda_graph: true}}")
+    work = from_spec("arrival=poisson,rate=4,n=20,prompt=uniform:40:400,output=fixed:8", 2)
+    runs = {}
+    for name, cal in (("fitted", "calibration: sg.json,"), ("default", "")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: t\nreplicas:\n  - {rep % cal}\n")
+        spec = load_spec(str(path))
+        assert spec.replicas[0].calibration == (str(tmp_path / "sg.json") if cal else None)
+        runs[name] = simulate_fleet(spec, work).records
+    assert all(r["status"] == "ok" for r in runs["fitted"])
+    # the CPU's fitted steps (tens of ms) against the GPU's step-time tables
+    assert sum(r["e2e_s"] for r in runs["fitted"]) > 3 * sum(r["e2e_s"] for r in runs["default"])
