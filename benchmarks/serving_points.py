@@ -14,7 +14,10 @@ on measured data are listed as skipped, with the reason. `--clients` says whose 
 clients the twin models (twin/workload.py CLIENTS): `bench` (bench_serving's, with its
 warm-up copy of the first request left in the radix cache; the default, as the rows were
 measured) and/or `replay` (servetwin's replay client: every client starts at 0); with
-both, the table shows them side by side (first one first).
+several, the table shows them side by side (first one first). `uniform` is a diagnostic,
+not a client model: the clients' first requests spread evenly over one request's latency,
+so the loop runs de-synchronised (the bound opposite to the lock-step a burst start gives;
+docs/calibration.md, "Reading the serving-points table").
 
 Beside the twin: AIConfigurator's own estimate of the same row, as its `cli estimate` agg
 path computes it (`backend.run_agg(model, database, RuntimeConfig(isl, osl, batch_size=C),
@@ -46,11 +49,12 @@ from twin.errors import ConfigError, InfeasibleError  # noqa: E402
 from twin.models import aic_model_id  # noqa: E402
 from twin.perf import default_backend, make_step_time  # noqa: E402
 from twin.sim import SimConfig, simulate  # noqa: E402
-from twin.workload import CLIENTS, from_spec  # noqa: E402
+from twin.workload import CLIENTS, Request, Workload, from_spec  # noqa: E402
 
 SPEC = ("arrival=closed,concurrency={c},n={n},prompt=fixed:{isl},output=fixed:{osl},"
         "clients={clients}")
 # aiconfigurator system -> the twin's GPU entry
+UNIFORM = "uniform"  # --clients: the de-synchronised bound (uniform_point)
 GPUS = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "a100_sxm": "a100-sxm-80gb"}
 # an instruct checkpoint has its base model's architecture
 MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B"}
@@ -133,14 +137,44 @@ def step_time(row: Row, extra: dict, cache: dict):
 
 
 def twin_point(row: Row, extra: dict, waves: int, st, clients: str) -> tuple[float, float]:
-    args = server_args(row, extra)
+    if clients == UNIFORM:
+        return uniform_point(row, extra, waves, st)
     spec = SPEC.format(c=row.conc, n=waves * row.conc, isl=row.isl, osl=row.osl,
                        clients=clients)
-    res = simulate(from_spec(spec, seed=0), SimConfig(args=args, gpu=GPUS[row.system]),
+    return _means(_run(from_spec(spec, seed=0), row, extra, st))
+
+
+def _run(workload: Workload, row: Row, extra: dict, st) -> list[dict]:
+    res = simulate(workload, SimConfig(args=server_args(row, extra), gpu=GPUS[row.system]),
                    step_time=st)
-    ok = [r for r in res.records if r["status"] == "ok"]
+    return [r for r in res.records if r["status"] == "ok"]
+
+
+def _means(ok: list[dict]) -> tuple[float, float]:
     return (statistics.fmean(r["ttft_s"] for r in ok) * 1e3,
             statistics.fmean(r["tpot_s"] for r in ok if r["tpot_s"] is not None) * 1e3)
+
+
+def uniform_point(row: Row, extra: dict, waves: int, st) -> tuple[float, float]:
+    """The closed loop de-synchronised (a diagnostic bound, not what bench_serving sends):
+    the C clients' first requests are sent evenly over one request's latency in the
+    lock-step loop (a one-wave burst run of the same row), so their phases are uniform;
+    with fixed lengths SGLang's loop keeps phases (only a prefill backlog merges them),
+    so the loop stays de-synchronised. Means over the requests from the third wave on."""
+    c = row.conc
+    burst = _run(_closed(row, 1, 0.0), row, extra, st)
+    span = statistics.fmean(r["e2e_s"] for r in burst)
+    ok = _run(_closed(row, max(waves, 4), span), row, extra, st)
+    return _means([r for r in ok if int(r["rid"][1:]) >= 2 * c])
+
+
+def _closed(row: Row, waves: int, span: float) -> Workload:
+    """waves x C fixed-length requests, unique prompts; the first C sent `span` / C
+    apart (0: together), each next one when a client's last request ends."""
+    c = row.conc
+    reqs = tuple(Request.make(f"r{i}", i * span / c if i < c else 0.0, [(i + 1, row.isl)],
+                              row.osl) for i in range(waves * c))
+    return Workload(f"closed-{c}", reqs, concurrency=c)
 
 
 class Aic:
@@ -269,12 +303,16 @@ def main() -> int:
     ap.add_argument("--clients", default="bench",
                     help="whose closed-loop clients the twin models, ','-separated: bench "
                          "(bench_serving's, as the rows were measured; default), replay "
-                         "(servetwin's replay client); two are shown side by side")
+                         "(servetwin's replay client), uniform (a diagnostic bound: the "
+                         "clients' phases spread evenly over one request's latency, the "
+                         "loop de-synchronised; means from the third wave on); several "
+                         "are shown side by side")
     a = ap.parse_args()
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
-    bad = [c for c in clients if c not in CLIENTS]
+    bad = [c for c in clients if c not in (*CLIENTS, UNIFORM)]
     if bad or not clients:
-        raise SystemExit(f"--clients {a.clients}: allowed values: {', '.join(CLIENTS)}")
+        raise SystemExit(f"--clients {a.clients}: allowed values: "
+                         f"{', '.join((*CLIENTS, UNIFORM))}")
     logging.disable(logging.WARNING)  # aiconfigurator's gap-filling notices
     extra = parse_server(a.server)
     rows = [r for r in load_rows() if not a.groups or any(g in r.group for g in a.groups)]

@@ -77,3 +77,39 @@ def test_arrivals_in_consecutive_steps_each_wait_one_pass():
                                 ("prefill", 3.0, [("B", 10)], []),
                                 ("prefill", 5.0, [("D", 10)], [])]
     assert recs["D"]["ttft_s"] == 7.0 - 2.5 and recs["D"]["queue_s"] == 2.0
+
+
+def closed(starts: list[float], out: int, n: int) -> Workload:
+    c = len(starts)
+    reqs = tuple(req(f"r{i}", starts[i] if i < c else 0.0, 10, out) for i in range(n))
+    return Workload("closed", reqs, concurrency=c)
+
+
+def run_closed(wl: Workload):
+    cfg = SimConfig(args=ServerArgs(model_path=MODEL, max_total_tokens=10_000), gpu=GPU,
+                    sample_every_s=1e9, debug_checks=True, request_path=OFF)
+    env = simpy.Environment()
+    rep, _ = make_replica(env, cfg, FixedStepTime(2.0, 1.0))
+    dep = Deployment(env, Source(wl))
+    dep.add(rep)
+    dep.start()
+    env.process(rep.run())
+    env.run()
+    return {r["rid"]: r for r in twin_records(rep.finished, rep.step_end)}
+
+
+def test_fixed_lengths_keep_the_clients_phases_burst_or_spread():
+    # Two clients, 3 output tokens each (prefill 2 s, decode 1 s). Sent together, they
+    # prefill in one batch and finish together at 4, 8, 12: lock-step (every E2E 4 s).
+    recs = run_closed(closed([0.0, 0.0], 3, 6))
+    assert [recs[f"r{i}"]["arrival_s"] + recs[f"r{i}"]["e2e_s"] for i in range(6)] == [
+        4.0, 4.0, 8.0, 8.0, 12.0, 12.0]
+    # The second client starts at 3: r0 prefills 0-2 and decodes 2-3, r1 prefills 3-5
+    # (prefill first), both decode 5-6, r0 finishes at 6 and its client's r2 prefills 6-8
+    # while r1 waits, ... The 3 s offset is kept for good: r0, r2, r4 end at 6, 12, 18,
+    # r1, r3, r5 at 9, 15, 21 (nothing in SGLang's loop pulls the clients together again
+    # unless one arrives while the other's prefill is still queued).
+    recs = run_closed(closed([0.0, 3.0], 3, 8))  # (r6, r7 only keep the loop going)
+    ends = [round(recs[f"r{i}"]["arrival_s"] + recs[f"r{i}"]["e2e_s"], 6) for i in range(6)]
+    assert ends == [6.0, 9.0, 12.0, 15.0, 18.0, 21.0]
+    assert [recs[f"r{i}"]["ttft_s"] for i in range(6)] == [2.0] * 6
