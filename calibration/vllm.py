@@ -217,7 +217,12 @@ def calibrate(url: str, out: Path, budget_s: float, max_num_seqs: int,
     lim = facts.limits(max_num_seqs, max_num_batched_tokens)
     if max_num_batched_tokens < 16 or lim.kv_tokens < 2 * facts.block_size:
         raise CalibrationError(f"{url}: limits too small to profile ({lim})")
-    store = Store(out, facts.identity())
+    _check_reset(url)
+    # runs of other limits would be read under the wrong budget: they are another server's
+    store = Store(out, facts.identity() | {"max_num_seqs": max_num_seqs,
+                                           "max_num_batched_tokens": max_num_batched_tokens,
+                                           "num_blocks": facts.num_blocks,
+                                           "block_size": facts.block_size})
     store.load()
     log(f"server: vLLM {facts.version}, model {facts.model_path}, device {facts.device}; "
         f"limits: max_num_seqs {max_num_seqs}, max_num_batched_tokens "
@@ -242,6 +247,24 @@ def calibrate(url: str, out: Path, budget_s: float, max_num_seqs: int,
                        facts.server_args(max_num_seqs, max_num_batched_tokens), facts,
                        [f"live profile of {url} through the length router "
                         f"({store.runs_path})"])
+
+
+def _check_reset(url: str) -> None:
+    """Every run starts on an empty prefix cache: vLLM resets it only in its dev mode."""
+    import urllib.request
+
+    from runtime.server_api import describe_url_error
+
+    try:
+        req = urllib.request.Request(url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+    except OSError as exc:
+        raise CalibrationError(
+            f"{url}: POST /reset_prefix_cache failed ({describe_url_error(exc)}): profiling "
+            "starts every run on an empty prefix cache, which vLLM resets only in its dev "
+            "mode; start the server with VLLM_SERVER_DEV_MODE=1 (the CPU harness does; keep "
+            "such a server on 127.0.0.1)") from None
 
 
 def describe(prof: dict) -> str:

@@ -293,3 +293,30 @@ def test_an_sglang_replica_takes_an_sglang_profiles_step_times(tmp_path, capsys)
     assert all(r["status"] == "ok" for r in runs["fitted"])
     # the CPU's fitted steps (tens of ms) against the GPU's step-time tables
     assert sum(r["e2e_s"] for r in runs["fitted"]) > 3 * sum(r["e2e_s"] for r in runs["default"])
+
+
+def test_a_vllm_server_that_cannot_reset_its_prefix_cache_is_refused():
+    """vLLM resets its prefix cache only in dev mode; a server answering 404 there (as
+    vLLM without VLLM_SERVER_DEV_MODE does) is refused before any run, not profiled on a
+    warm cache."""
+    import http.server
+    import threading
+
+    from calibration.vllm import _check_reset
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(CalibrationError, match="VLLM_SERVER_DEV_MODE=1"):
+            _check_reset(f"http://127.0.0.1:{srv.server_port}")
+    finally:
+        srv.shutdown()
+        srv.server_close()
