@@ -78,6 +78,51 @@ def environment(workload, cfg) -> simpy.Environment:
     return PlainClock() if reason_not(workload, cfg) is None else simpy.Environment()
 
 
+class _OneServer:
+    """The `Feed` a `Deployment` of one replica is for it (open loop, the `only_replica`
+    router, no faults, so no retries), without its tickets and router bookkeeping, which
+    `simulate` never reads: the same calls on the source, in the same order."""
+
+    cuts_runs = False  # every arrival is the replica's own: runs end at next_arrival
+
+    def __init__(self, source, rep) -> None:
+        self.source, self.rep, self.replicas = source, rep, [rep]
+        self.open = 0  # handed over, not yet left
+        self._drained = False
+
+    def pump(self, now: float) -> None:
+        nxt = self.source.next_time()
+        if nxt is None or nxt > now:
+            return
+        for sent, req in self.source.pop_ready(now):
+            self.open += 1
+            self.rep.submit(sent, req)
+
+    def next_arrival(self) -> float | None:
+        return self.source.next_time()
+
+    def done(self) -> bool:
+        return self.source.exhausted and self.open == 0
+
+    def left(self, replica, req) -> None:
+        self.open -= 1
+        self.source.finished(replica.env.now)
+        if self.done():
+            replica.submit_nothing()
+
+    def unsent(self) -> list:
+        """`Deployment.unsent` (at the end: what was never handed over, once)."""
+        if self._drained:
+            return []
+        self._drained = True
+        out = []
+        while not self.source.exhausted:
+            for item in self.source.pop_ready(math.inf):
+                out.append(item)
+                self.source.finished(self.rep.env.now)
+        return out
+
+
 class _Feeder:
     """`Deployment.run` for an open-loop source, replayed: `due` is its next firing."""
 
@@ -131,6 +176,9 @@ def run(rep) -> None:
     if not isinstance(env, PlainClock):
         raise FastPathError("the plain loop needs a replica built on a PlainClock")
     rep._fast_clock = True  # a sleep short of the feeder's next firing moves the clock
+    if rep.feed.workers[0].replica is not rep or len(rep.feed.workers) != 1:
+        raise FastPathError("the plain loop runs a deployment of one replica")
+    rep.feed = _OneServer(rep.feed.source, rep)
     feeder = _Feeder(rep.feed, env)
     fl = rep.freed_later
     same_t, spins = -1.0, 0
