@@ -168,3 +168,15 @@ def test_a_ctrl_c_keeps_the_same_partial_records(tmp_path, monkeypatch):
         outs.append([(tmp_path / str(general) / f).read_bytes()
                      for f in ("requests.jsonl", "summary.json")])
     assert outs[0] == outs[1]
+
+
+def test_the_copied_replica_methods_are_current():
+    """The plain loop runs its own copy of a few replica methods (twin/fastpath.py,
+    COPIED). If this fails, a replica method changed: bring fastpath's copy in line with
+    it (the equivalence tests above say where), then set its digest to
+    `fastpath.code_digest(Replica.<name>)`. Until then the copy is off (slower, correct)."""
+    from twin.replica import Replica
+
+    stale = {n: fastpath.code_digest(getattr(Replica, n))
+             for n, ok in fastpath.copies_current().items() if not ok}
+    assert not stale, f"replica methods changed since fastpath copied them: {stale}"

@@ -27,6 +27,7 @@ pass (scalar state, whole decode runs) can replace the replica's methods in its 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Generator
@@ -76,6 +77,43 @@ def reason_not(workload, cfg) -> str | None:
 def environment(workload, cfg) -> simpy.Environment:
     """The clock for `simulate`: a `PlainClock` in the plain loop's domain, else SimPy's."""
     return PlainClock() if reason_not(workload, cfg) is None else simpy.Environment()
+
+
+# The replica's methods the plain loop runs its own copy of, by a digest of their code
+# (bytecode, names and constants: not line numbers). A change to any of them turns the copy
+# off (the replica's method runs instead: slower, never different) and fails
+# tests/test_fastpath.py, which says to bring the copy in line and update the digest.
+COPIED = {
+    "_run_decode": "44181b1f300dbd2e",
+    "_schedule_prefill": "9fd715bd43c1f7af",
+    "_sleep": "5973866b3eebfbc2",
+}
+
+
+def code_digest(fn) -> str:
+    """A digest of a function's code that ignores where it sits in its file."""
+    h = hashlib.sha256()
+
+    def add(code) -> None:
+        h.update(code.co_code)
+        h.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
+        for c in code.co_consts:
+            if hasattr(c, "co_code"):
+                add(c)
+            elif isinstance(c, frozenset):  # `x in {...}`: its order varies by process
+                h.update(repr(sorted(map(repr, c))).encode())
+            else:
+                h.update(repr(c).encode())
+
+    add(fn.__code__)
+    return h.hexdigest()[:16]
+
+
+def copies_current() -> dict[str, bool]:
+    """Whether each copied method is still the replica's code the copy was made from."""
+    from twin.replica import Replica
+
+    return {name: code_digest(getattr(Replica, name)) == d for name, d in COPIED.items()}
 
 
 class _OneServer:
@@ -169,6 +207,57 @@ def _drive(gen: Generator, feeder: _Feeder):
         return stop.value
 
 
+def _decode(rep, feeder: _Feeder) -> None:
+    """`Replica._run_decode` (a copy, see COPIED) for a token pool without a step log, one
+    server's run (never cut: its runs end at its own arrivals), with `_sleep` served by
+    the feeder as `_drive` would: fewer calls per decode run, the same state after it."""
+    running = rep.running
+    b = len(running)
+    env = rep.env
+    now = env._now
+    rep._scheduled_at = rep._pass_at if rep.freed_later is not None else None
+    room = rep.room()
+    k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(room // b, 1))
+    kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
+    limit = rep._next_boundary(arrivals=True)
+    cache = rep._cache
+    if (cache is not None and rep._cache_st is rep.st
+            and (kv0 + b * (k - 1)) / b <= cache.quiet):
+        times = cache.run(b, kv0, k, limit - now)
+        k = len(times)
+    else:
+        times = rep._decode_times(b, kv0, k)
+        if k > 1:
+            bound = int((limit - now) / float(times[0])) + 1
+            if bound < k:
+                k, times = bound, times[:bound]
+    ends = times.cumsum()
+    ends += now
+    if ends[-1] > limit:
+        k = min(int(ends.searchsorted(limit, side="left")) + 1, len(ends))
+    if not rep._grow_decoders(running, k):
+        return
+    dur_copy = rep._stall
+    rep._stall = 0.0
+    rep._add_ends(ends[:k])
+    rep.n_dec_steps += k
+    dur = float(ends[k - 1]) - now + dur_copy
+    c = rep.counters
+    c.stall_s += dur_copy
+    c.decode_steps += k
+    c.busy_s += dur
+    rep.new_token_ratio = max(rep.new_token_ratio - k * rep.ratio_decay, rep.min_ratio)
+    done = False
+    for r in running:
+        r.generated_tokens += k
+        r.private += k
+        if r.generated_tokens >= r.max_new_tokens:
+            done = True
+    feeder.advance(env._now + dur)  # `_sleep(dur)`: the clock, or the firings first
+    if done:
+        rep._finish_done(env._now)
+
+
 def run(rep) -> None:
     """`Replica.run` of a replica built on a `PlainClock` by `build_replica`, with its
     feeder, to the end of the workload."""
@@ -180,6 +269,18 @@ def run(rep) -> None:
         raise FastPathError("the plain loop runs a deployment of one replica")
     rep.feed = _OneServer(rep.feed.source, rep)
     feeder = _Feeder(rep.feed, env)
+    same = copies_current()
+    own_decode = (same["_run_decode"] and same["_sleep"] and rep._counts_only
+                  and rep.step_log is None)
+
+    def decode() -> None:
+        if own_decode:
+            _decode(rep, feeder)
+        else:
+            _drive(rep._run_decode(), feeder)
+
+    # `_schedule_prefill`'s first answer, without the call: nothing waits, no preemption
+    quick = same["_schedule_prefill"] and not rep.preempt
     fl = rep.freed_later
     same_t, spins = -1.0, 0
     while True:
@@ -203,13 +304,16 @@ def run(rep) -> None:
         if rep.shrunk:
             rep.shrunk = False
             rep.batch_full = False
-        batch = _drive(rep._schedule_prefill(now), feeder)
+        if quick and not rep.waiting and rep.chunked is None:
+            batch = None
+        else:
+            batch = _drive(rep._schedule_prefill(now), feeder)
         if batch:
             _drive(rep._run_prefill(batch), feeder)
             if not rep._placed_any and rep.running:
-                _drive(rep._run_decode(), feeder)
+                decode()
         elif rep.running:
-            _drive(rep._run_decode(), feeder)
+            decode()
         elif fl is not None and fl.release():
             rep.batch_full = False
             continue
