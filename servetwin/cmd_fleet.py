@@ -80,7 +80,8 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
         res, alerts, note = _with_alerts(spec, workload, slo, ns, rules, started)
     else:
         res = simulate_fleet(spec, workload, slo, horizon_s=ns.horizon,
-                             debug_checks=ns.debug_checks, on_start=started)
+                             debug_checks=ns.debug_checks, on_start=started, out=ns.out,
+                             record_chunk=ns.record_chunk)
     if ns.out:
         res.write(ns.out)
         if rules:
@@ -129,7 +130,7 @@ def _with_alerts(spec, workload, slo, ns: argparse.Namespace, rules: list, start
         if hasattr(w.replica, "compaction_log"):
             w.replica.compaction_log = []
     started()
-    res = run_deployment(dep, slo)
+    res = run_deployment(dep, slo, ns.out, ns.record_chunk)
     res.summary["deployment"] = spec.name
     alerts, note = attach_fleet_alerts(rules, res, ns.alert_window, ns.burn_scale)
     return res, alerts, note

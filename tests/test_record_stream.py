@@ -12,11 +12,14 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import GPU, MODEL
+from helpers import GPU, MODEL, req
 from record_digests import RUNS, run_digests, stored
+from test_fleet import CRASH, FAST_HEALTH, stream
+from test_fleet import build as fleet_build
 
 from servetwin.cli import main
 from twin.config import ServerArgs
+from twin.fleet import run_deployment
 from twin.metrics import read_records
 from twin.request_state import SimRequest
 from twin.sim import SimConfig, simulate
@@ -134,3 +137,50 @@ def test_summary_only_cli_run_matches_the_written_summary(tmp_path: Path) -> Non
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([*args, "--out", str(tmp_path), "--record-chunk", "3"]) == 0
     assert json.loads(buf.getvalue()) == json.loads((tmp_path / "summary.json").read_text())
+
+
+# ---- fleets (twin/record_sink_fleet.py) ------------------------------------------------
+FLEETS = {  # test_fleet.py's small deployments: faults, retries, vLLM, pools, a horizon
+    "crash+retry": dict(faults=CRASH, streaming=False, **FAST_HEALTH),
+    "crash+streaming": dict(faults=CRASH, streaming=True, **FAST_HEALTH),
+    "vllm+length-pools": dict(router="length", engines=("sglang", "vllm", "sglang", "vllm")),
+    "horizon": dict(horizon=9.0),
+}
+
+
+@pytest.mark.parametrize("name", list(FLEETS))
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_fleet_streamed_equals_in_memory(tmp_path: Path, name: str, chunk: int) -> None:
+    mixed = [req(f"q{i:02d}", i * 0.3, 100 + 300 * (i % 2), 6 + i % 5) for i in range(40)]
+    mem = run_deployment(fleet_build(mixed, **FLEETS[name]))
+    res = run_deployment(fleet_build(mixed, **FLEETS[name]), out=tmp_path, record_chunk=chunk)
+    text = (tmp_path / "requests.jsonl").read_text()
+    assert text == "".join(line + "\n" for line in _lines(mem)) and len(res.records) == 40
+    assert res.summary == mem.summary
+    # the case does what it is named for: retries, failures or aborts; both engines
+    assert any(r["attempts"] > 1 or r["status"] != "ok" for r in mem.records) or \
+        {r["replica"] for r in mem.records} == {"r0", "r1", "r2", "r3"}
+
+
+def test_fleet_ctrl_c_streamed_equals_in_memory(tmp_path: Path) -> None:
+    """Ctrl-C in a fleet: the rewritten errors of the requests it gave up, in both paths."""
+    def build_stopped():
+        dep = fleet_build(stream(n=40, gap=0.3))
+        stop = dep.env.timeout(4.0)
+        stop.callbacks.append(lambda _: (_ for _ in ()).throw(KeyboardInterrupt()))
+        return dep
+
+    mem = run_deployment(build_stopped())
+    res = run_deployment(build_stopped(), out=tmp_path, record_chunk=3)
+    assert mem.interrupted and res.interrupted == mem.interrupted
+    assert read_records(tmp_path / "requests.jsonl") == list(mem.records)
+    assert any("interrupted (Ctrl-C)" in (r["error"] or "") for r in mem.records)
+    assert res.summary == mem.summary
+
+
+def test_fleet_digest_holds_with_tiny_chunks(monkeypatch) -> None:
+    import record_digests
+
+    monkeypatch.setitem(record_digests.RUNS, "fleet", [*RUNS["fleet"], "--record-chunk", "7"])
+    got = run_digests("fleet")
+    assert {f: got.get(f) for f in STORED["fleet"]} == STORED["fleet"]

@@ -509,7 +509,7 @@ class Deployment:
         s["pools"] = {}
         for p in pools:
             gpus = sum(w.gpus for w in self.workers if w.pool == p)
-            if all(r["pool"] == p for r in records):
+            if _all_in(records, "pool", p):
                 s["pools"][p] = {**copy.deepcopy(whole), "gpus": gpus}
             else:
                 s["pools"][p] = _part(records, "pool", p, slo, gpus)
@@ -535,8 +535,16 @@ class Deployment:
         return [(w.name, *row) for w in self.workers for row in w.replica.series]
 
 
+def _all_in(records, key: str, value: str) -> bool:
+    if hasattr(records, "all_in"):  # streamed (twin/record_sink_fleet.py): its columns
+        return records.all_in(key, value)
+    return all(r[key] == value for r in records)
+
+
 def _part(records: list[dict], key: str, value: str, slo: SLO | None, gpus: int) -> dict:
-    mine = [r for r in records if r[key] == value]
-    s = summarize(mine, slo)
+    if hasattr(records, "part"):  # streamed (twin/record_sink_fleet.py): its columns
+        s = records.part(key, value, slo)
+    else:
+        s = summarize([r for r in records if r[key] == value], slo)
     s["gpus"] = gpus
     return s

@@ -49,7 +49,8 @@ class RecordSink:
                  chunk: int = CHUNK, skip_prefix: str | None = None) -> None:
         if chunk < 1:
             raise ValueError(f"chunk {chunk}: must be >= 1")
-        self.timeline, self.path, self.chunk = timeline, path, chunk
+        self.timelines = [timeline]  # one per replica (a fleet's: twin/record_sink_fleet.py)
+        self.path, self.chunk = path, chunk
         self.skip_prefix = skip_prefix
         self.skipped = 0  # appended with `skip_prefix`: no record
         self._n = 0
@@ -88,16 +89,22 @@ class RecordSink:
         seq0 = self._rows
         order = sorted(range(len(buf)), key=lambda i: (buf[i].arrival_s, buf[i].index))
         reqs = [buf[i] for i in order]
-        lo, hi = _window(reqs)
-        ends = self.timeline()[lo:hi].copy() if hi > lo else np.empty(0)
-        table = RecordTable(reqs, ends, offset=lo)
+        table = self._table(reqs, 0)
         self._keep_columns(table, reqs, np.asarray(order, dtype=np.int64) + seq0, group)
         if self.path is not None:
-            self._spill_lines(table)
+            self._spill_lines(table.lines())
         self._rows += len(reqs)
 
+    def _table(self, reqs: list, worker: int) -> RecordTable:
+        """The records of `reqs` (sorted) over the window of replica `worker`'s timeline
+        they use (-1: none)."""
+        lo, hi = _window(reqs)
+        if hi <= lo or worker < 0:
+            return RecordTable(reqs, np.empty(0))
+        return RecordTable(reqs, self.timelines[worker]()[lo:hi].copy(), offset=lo)
+
     def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
-                      group: int) -> None:
+                      group: int, worker: int = 0) -> None:
         plans, _, own_gaps = table._plan()
         times = table._times()
         n = len(reqs)
@@ -106,6 +113,7 @@ class RecordSink:
         col("group", []).append(np.full(n, group, dtype=np.int8))
         col("raw_arrival", []).append(np.array([r.arrival_s for r in reqs], dtype=float))
         col("index", []).append(np.array([r.index for r in reqs], dtype=np.int64))
+        col("worker", []).append(np.full(n, worker, dtype=np.int32))
         code = {s: i for i, s in enumerate(STATUSES)}
         col("status", []).append(np.array([code[r.status] for r in reqs], dtype=np.int8))
         for name, values in zip(_FLOATS, times, strict=True):
@@ -139,13 +147,15 @@ class RecordSink:
         col("n_pieces", []).append(np.array(counts, dtype=np.int64))
         col("piece_start", []).append(np.array(starts, dtype=np.int64))
         col("piece_len", []).append(np.array(lens, dtype=np.int64))
+        col("piece_worker", []).append(np.where(np.array(starts, dtype=np.int64) < 0, -1,
+                                                worker).astype(np.int32))
         self._own.append(own_gaps)
         self._n_own += len(own_gaps)
 
-    def _spill_lines(self, table: RecordTable) -> None:
+    def _spill_lines(self, lines: Iterator[str]) -> None:
         if self._spill is None:  # unnamed (O_TMPFILE where there is one): never left behind
             self._spill = tempfile.TemporaryFile(dir=self.path.parent, prefix=".spill-")
-        enc = [line.encode() for line in table.lines()]
+        enc = [line.encode() for line in lines]
         ends = np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=len(enc)))
         start = self._spill.tell()
         self._spill.write(b"".join(enc))
@@ -156,7 +166,7 @@ class RecordSink:
         """(records, summary) of a whole run; `requests.jsonl` written when `path` is set.
         Without a spill: the in-memory `RecordTable`, as `simulate` always gave."""
         if not self._runs and not self._cols:
-            table = RecordTable(self._buf, self.timeline())
+            table = RecordTable(self._buf, self.timelines[0]())
             self._buf = []
             if self.path is not None:
                 write_records(self.path, table)
@@ -203,8 +213,9 @@ class RecordSink:
         records = StreamedRecords(self.path, len(perm))
         return records, summary
 
-    def _merge(self, perm: np.ndarray) -> None:
-        """Copy the spilled lines into `path` in the order `perm` (rows), atomically."""
+    def _merge(self, perm: np.ndarray, fix: tuple | None = None) -> None:
+        """Copy the spilled lines into `path` in the order `perm` (rows), atomically;
+        `fix`: (a mask over rows, a function of a line's bytes) rewrites those rows."""
         from twin.outputs import atomic_writer
 
         self._spill.flush()
@@ -212,14 +223,21 @@ class RecordSink:
         firsts = np.array([r for r, _ in self._runs], dtype=np.int64)
         run = np.searchsorted(firsts, perm, side="right") - 1
         local = perm - firsts[run]
-        # runs of consecutive lines of one chunk: one copy each
-        brk = np.flatnonzero((np.diff(run) != 0) | (np.diff(local) != 1)) + 1
+        # runs of consecutive lines of one chunk: one copy each (a row to fix: its own)
+        cut = (np.diff(run) != 0) | (np.diff(local) != 1)
+        if fix is not None:
+            fixed = fix[0][perm]
+            cut |= fixed[1:] | fixed[:-1]
+        brk = np.flatnonzero(cut) + 1
         seg_a = np.concatenate(([0], brk)).tolist()
         seg_b = np.concatenate((brk, [len(perm)])).tolist()
         with atomic_writer(self.path, binary=True) as fh:
             for a, b in zip(seg_a, seg_b, strict=True):
                 offs = self._runs[int(run[a])][1]
                 pos, stop = int(offs[local[a]]), int(offs[local[b - 1] + 1])
+                if fix is not None and fixed[a]:
+                    fh.write(fix[1](os.pread(fd, stop - pos, pos)))
+                    continue
                 while pos < stop:
                     data = os.pread(fd, min(_COPY_BLOCK, stop - pos), pos)
                     fh.write(data)
@@ -233,29 +251,42 @@ class RecordSink:
             cols[name] = [None if x != x else x for x in c[name][perm].tolist()]
         for name in _INTS:
             cols[name] = c[name][perm].tolist()
-        ends = np.asarray(self.timeline(), dtype=float)
-        step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
-        del ends
-        n_step = len(step_gaps)
-        own = np.concatenate(self._own) if self._own else np.empty(0)
-        joined = np.concatenate([step_gaps, own])
-        # the pieces of every request, gathered in the rows' order
+        return summary_from_columns(cols, self._itl(perm, c), slo)
+
+    def _step_gaps(self, worker: int) -> np.ndarray:
+        """Replica `worker`'s step gaps (the final timeline), computed once."""
+        gaps = self.__dict__.setdefault("_gap_cache", {})
+        if worker not in gaps:
+            ends = np.asarray(self.timelines[worker](), dtype=float)
+            gaps[worker] = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
+        return gaps[worker]
+
+    def _itl(self, perm: np.ndarray, c: dict) -> dict:
+        """`itl_stats` of the `ok` rows' token gaps, rows in the order `perm`: the step
+        gaps of the replicas they ran on, then every boundary gap, as one array."""
         counts = c["n_pieces"]
         first = np.concatenate(([0], np.cumsum(counts)))
         take = counts[perm]
         at = np.repeat(first[perm] - (np.cumsum(take) - take), take) + np.arange(
             int(take.sum()), dtype=np.int64)
-        starts = c["piece_start"][at]
-        lens = c["piece_len"][at]
+        starts, lens, owner = c["piece_start"][at], c["piece_len"][at], c["piece_worker"][at]
         del at
-        own_piece = starts < 0
-        starts[own_piece] = n_step - 1 - starts[own_piece]
+        workers = np.unique(owner[owner >= 0]).tolist()
+        parts, base = [], 0
+        for w in workers:  # a replica's step gaps sit at `base` in the joined array
+            gaps = self._step_gaps(w)
+            starts[owner == w] += base
+            parts.append(gaps)
+            base += len(gaps)
+        own = np.concatenate(self._own) if self._own else np.empty(0)
+        joined = np.concatenate([*parts, own])
+        own_piece = owner < 0
+        starts[own_piece] = base - 1 - starts[own_piece]
         head = None
-        if n_step:
-            uniq, inv = np.unique(step_gaps, return_inverse=True)
+        if len(workers) == 1 and base:  # the step gaps' distinct values (as RecordTable)
+            uniq, inv = np.unique(parts[0], return_inverse=True)
             head = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
-        itl = itl_stats(joined, starts, lens, head)
-        return summary_from_columns(cols, itl, slo)
+        return itl_stats(joined, starts, lens, head)
 
 
 def _window(reqs: list) -> tuple[int, int]:
@@ -267,6 +298,20 @@ def _window(reqs: list) -> tuple[int, int]:
                 lo = ev[0] if lo is None or ev[0] < lo else lo
                 hi = max(hi, ev[1])
     return (0, 0) if lo is None else (lo, hi)
+
+
+class Count:
+    """A `finished` that only counts (a fleet's replicas: the deployment's tickets carry
+    the records)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def append(self, _) -> None:
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class StreamedRecords(Sequence):

@@ -25,7 +25,7 @@ from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spe
 from twin.policy import build_policy as build_from_spec
 from twin.policy.sglang import CacheAware
 from twin.policy.slices import MODES, ScoreWeights, SlicePolicy
-from twin.record_sink import CHUNK, RecordSink
+from twin.record_sink import CHUNK, Count, RecordSink
 from twin.record_table import RecordTable
 from twin.replica import DefragConfig, Replica, SwapConfig
 from twin.request_path import OFF as REQUEST_PATH_OFF
@@ -259,7 +259,7 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
                           Path(out) / "requests.jsonl", record_chunk,
                           WARMUP_RID if bench else None)
         rep.finished = sink
-        rep.feed.done_tickets = _Count()  # the deployment's tickets: not needed for one
+        rep.feed.done_tickets = Count()  # the deployment's tickets: not needed for one
     interrupted = None
     try:
         if isinstance(env, fastpath.PlainClock):
@@ -300,20 +300,6 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
                                        cfg.sample_every_s)
     return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted,
                      rep.compaction_log or [], sink.path if sink is not None else None)
-
-
-class _Count:
-    """A list that only counts (the deployment's finished tickets, when records come
-    from the replica's sink)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def append(self, _) -> None:
-        self.n += 1
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def with_unfinished(records: list[dict], workload: Workload, why: str,
