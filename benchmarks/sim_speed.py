@@ -41,9 +41,12 @@ WORKLOADS = {
 }
 
 
-def run_once(tree: Path, argv: list[str], out: Path) -> tuple[float, float, bool]:
-    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def run_once(tree: Path, argv: list[str], out: Path,
+             general: bool = False) -> tuple[float, float, bool]:
+    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process; `general`:
+    on SimPy's loop (SERVETWIN_GENERAL_LOOP=1), not the plain one (twin/fastpath.py)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "SERVETWIN_GENERAL_LOOP": "1" if general
+           else "0"}
     cmd = [sys.executable, "-m", "servetwin.cli", "simulate", *argv, "--out", str(out)]
     with tempfile.TemporaryDirectory() as cwd:
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -81,7 +84,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--workloads", nargs="+", default=["vidur"], choices=list(WORKLOADS))
-    ap.add_argument("--base", default=None, help="a previous commit to compare with")
+    ap.add_argument("--base", default=None, help="a previous commit to compare with, or "
+                    "'general': the measured tree on SimPy's loop (SERVETWIN_GENERAL_LOOP=1),"
+                    " which isolates the plain loop's gain (twin/fastpath.py)")
     ap.add_argument("--base-max", type=int, default=100_000,
                     help="run the base only up to this many requests (before issue 14 "
                     "a 1M run needed about 21 GB)")
@@ -92,7 +97,8 @@ def main() -> None:
     new = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
     head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
-    base = base_tree(ns.base) if ns.base else None
+    general = ns.base == "general"
+    base = new if general else base_tree(ns.base) if ns.base else None
     print(f"# sim_speed {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
           f"{platform.node()} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}"
@@ -113,7 +119,7 @@ def main() -> None:
                 run_base = base is not None and n <= ns.base_max
                 for _ in range(ns.rounds):
                     if run_base:
-                        best_base = min(best_base, run_once(base, argv, base_out))
+                        best_base = min(best_base, run_once(base, argv, base_out, general))
                     best_new = min(best_new, run_once(new, argv, new_out))
                 cpu, rss, ok = best_new
                 row = [w, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}", f"{rss:,.0f}"]
@@ -124,7 +130,7 @@ def main() -> None:
                 else:
                     row += ["-", "-", "-", "ok" if ok else "run failed"]
                 print("| " + " | ".join(row) + " |", flush=True)
-    for tree in (base, new if ns.new else None):
+    for tree in (None if general else base, new if ns.new else None):
         if tree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            capture_output=True)
