@@ -40,12 +40,13 @@ _COPY_BLOCK = 8 << 20  # bytes copied from the spill at a time
 class RecordSink:
     """`finished` for a replica: records formatted and spilled `chunk` requests at a time.
 
-    `timeline()` returns the replica's step-end timeline (`Replica.step_end`); `path`: the
+    `timeline`: the replica whose step-end timeline (`Replica.step_end`) the requests'
+    token events index (or a callable that returns the timeline); `path`: the
     `requests.jsonl` to write (None: only the summary is wanted, no lines are formatted);
     requests whose rid starts with `skip_prefix` count in `len` but get no record
     (bench_serving's warm-up)."""
 
-    def __init__(self, timeline: Callable[[], np.ndarray], path: Path | None = None,
+    def __init__(self, timeline: Callable[[], np.ndarray] | object, path: Path | None = None,
                  chunk: int = CHUNK, skip_prefix: str | None = None) -> None:
         if chunk < 1:
             raise ValueError(f"chunk {chunk}: must be >= 1")
@@ -101,7 +102,7 @@ class RecordSink:
         lo, hi = _window(reqs)
         if hi <= lo or worker < 0:
             return RecordTable(reqs, np.empty(0))
-        return RecordTable(reqs, self.timelines[worker]()[lo:hi].copy(), offset=lo)
+        return RecordTable(reqs, step_window(self.timelines[worker], lo, hi), offset=lo)
 
     def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
                       group: int, worker: int = 0) -> None:
@@ -166,7 +167,7 @@ class RecordSink:
         """(records, summary) of a whole run; `requests.jsonl` written when `path` is set.
         Without a spill: the in-memory `RecordTable`, as `simulate` always gave."""
         if not self._runs and not self._cols:
-            table = RecordTable(self._buf, self.timelines[0]())
+            table = RecordTable(self._buf, step_window(self.timelines[0], 0, 1 << 62))
             self._buf = []
             if self.path is not None:
                 write_records(self.path, table)
@@ -245,21 +246,14 @@ class RecordSink:
 
     def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
         """`RecordTable.summary` over the columns, rows in the order `perm`."""
+        itl = self._itl(perm, c)
         statuses = np.array(STATUSES, dtype=object)
         cols: dict[str, list] = {"status": statuses[c["status"][perm]].tolist()}
         for name in _FLOATS:
             cols[name] = [None if x != x else x for x in c[name][perm].tolist()]
         for name in _INTS:
             cols[name] = c[name][perm].tolist()
-        return summary_from_columns(cols, self._itl(perm, c), slo)
-
-    def _step_gaps(self, worker: int) -> np.ndarray:
-        """Replica `worker`'s step gaps (the final timeline), computed once."""
-        gaps = self.__dict__.setdefault("_gap_cache", {})
-        if worker not in gaps:
-            ends = np.asarray(self.timelines[worker](), dtype=float)
-            gaps[worker] = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
-        return gaps[worker]
+        return summary_from_columns(cols, itl, slo)
 
     def _itl(self, perm: np.ndarray, c: dict) -> dict:
         """`itl_stats` of the `ok` rows' token gaps, rows in the order `perm`: the step
@@ -272,21 +266,59 @@ class RecordSink:
         starts, lens, owner = c["piece_start"][at], c["piece_len"][at], c["piece_worker"][at]
         del at
         workers = np.unique(owner[owner >= 0]).tolist()
-        parts, base = [], 0
-        for w in workers:  # a replica's step gaps sit at `base` in the joined array
-            gaps = self._step_gaps(w)
-            starts[owner == w] += base
-            parts.append(gaps)
-            base += len(gaps)
         own = np.concatenate(self._own) if self._own else np.empty(0)
-        joined = np.concatenate([*parts, own])
+        sizes = [max(_steps(self.timelines[w]) - 1, 0) for w in workers]
+        joined = np.empty(sum(sizes) + len(own))
+        base = 0
+        for w, n in zip(workers, sizes, strict=True):  # replica w's gaps sit at `base`
+            _gaps_into(self.timelines[w], joined[base:base + n])
+            starts[owner == w] += base
+            base += n
+        joined[base:] = own
         own_piece = owner < 0
         starts[own_piece] = base - 1 - starts[own_piece]
-        head = None
-        if len(workers) == 1 and base:  # the step gaps' distinct values (as RecordTable)
-            uniq, inv = np.unique(parts[0], return_inverse=True)
-            head = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
-        return itl_stats(joined, starts, lens, head)
+        # (itl_stats weighs the distinct gaps chunk by chunk: no sort of the whole array)
+        return itl_stats(joined, starts, lens)
+
+
+def _parts(timeline) -> list[np.ndarray]:
+    """The arrays whose concatenation is a replica's step timeline (`Replica.step_end`)
+    without concatenating them (a day's timeline is ~300 MB); a callable: its result."""
+    if callable(timeline):
+        return [timeline()]
+    return [*getattr(timeline, "_end_blocks", []), *timeline._end_chunks]
+
+
+def _steps(timeline) -> int:
+    return sum(len(a) for a in _parts(timeline))
+
+
+def step_window(timeline, lo: int, hi: int) -> np.ndarray:
+    """`timeline`'s steps [lo, hi) (a replica, or a callable returning the timeline)."""
+    out, pos = [], 0
+    for a in _parts(timeline):
+        n = len(a)
+        if pos + n > lo and pos < hi:
+            out.append(a[max(lo - pos, 0):min(hi - pos, n)])
+        pos += n
+        if pos >= hi:
+            break
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _gaps_into(timeline, out: np.ndarray) -> None:
+    """`np.round(np.diff(timeline), 6)` written into `out`, part by part."""
+    prev, pos = None, 0
+    for a in _parts(timeline):
+        if not len(a):
+            continue
+        if prev is not None:
+            out[pos] = a[0] - prev
+            pos += 1
+        np.subtract(a[1:], a[:-1], out=out[pos:pos + len(a) - 1])
+        pos += len(a) - 1
+        prev = a[-1]
+    np.round(out, 6, out=out)
 
 
 def _window(reqs: list) -> tuple[int, int]:

@@ -28,7 +28,7 @@ class TicketSink(RecordSink):
     def __init__(self, dep, path: Path, chunk: int = CHUNK) -> None:
         super().__init__(lambda: np.empty(0), path, chunk)
         self.workers = dep.workers
-        self.timelines = [lambda rep=w.replica: rep.step_end for w in dep.workers]
+        self.timelines = [w.replica for w in dep.workers]  # read by `step_window`
         self.interrupted: str | None = None  # set before `finish`: the rewritten errors
 
     def append(self, ticket) -> None:

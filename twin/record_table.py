@@ -318,10 +318,14 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
     st = np.asarray(starts, dtype=np.int64)
     ln = np.asarray(lens, dtype=np.int64)
     size = len(values) + 1
-    cover = np.bincount(st, minlength=size)
-    st += ln
-    cover -= np.bincount(st, minlength=size)
+    # +1 at each piece's start, -1 past its end, in one pass (one array the size of the
+    # timeline: a day has ~4e7 steps); whole numbers as floats below 2**53: exact
+    edges = np.concatenate((st, st + ln))
+    signs = np.ones(len(edges))
+    signs[len(st):] = -1.0
     del st, ln
+    cover = np.bincount(edges, weights=signs, minlength=size)
+    del edges, signs
     np.cumsum(cover, out=cover)
     cover = cover[:-1]
     if head_unique is not None:  # the first m values' distinct ones are known: weigh those

@@ -255,7 +255,7 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     bench = workload.clients == "bench"  # bench_serving's warm-up is not measured (no record)
     sink = None
     if out is not None or not keep_records:
-        sink = RecordSink(lambda: rep.step_end, None if out is None else
+        sink = RecordSink(rep, None if out is None else
                           Path(out) / "requests.jsonl", record_chunk,
                           WARMUP_RID if bench else None)
         rep.finished = sink
