@@ -103,9 +103,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "Ctrl-C still writes every request once, with its status")
     s.add_argument("--record-chunk", type=int, default=CHUNK, metavar="N",
                    help=f"finished requests held in memory before their records are "
-                   f"spilled (default {CHUNK}, ~80 MB; the files are the same bytes for "
-                   f"any N). Without --out (and --alerts) no records are kept at all, "
-                   f"only the summary's columns")
+                   f"spilled beside --out (default {CHUNK}, ~80 MB of request state; the "
+                   f"files are the same bytes for any N; a --deployment fleet too). Without "
+                   f"--out one server keeps no records at all, only the summary's numbers "
+                   f"(~150 bytes a request; with --alerts the records go to a temporary "
+                   f"directory, which the alerts read back)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     from servetwin.cmd_alerts import add_simulate_args
 
