@@ -87,6 +87,8 @@ COPIED = {
     "_run_decode": "44181b1f300dbd2e",
     "_schedule_prefill": "9fd715bd43c1f7af",
     "_sleep": "5973866b3eebfbc2",
+    "_pull_arrivals": "105132357187da3b",
+    "_seen_by": "9c053eae8fa05456",
 }
 
 
@@ -281,7 +283,9 @@ def run(rep) -> None:
 
     # `_schedule_prefill`'s first answer, without the call: nothing waits, no preemption
     quick = same["_schedule_prefill"] and not rep.preempt
+    own_pull = same["_pull_arrivals"] and same["_seen_by"]
     fl = rep.freed_later
+    source, overlap = rep.feed.source, fl is not None
     same_t, spins = -1.0, 0
     while True:
         now = env._now
@@ -291,7 +295,14 @@ def run(rep) -> None:
             raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes without "
                                f"time advancing ({len(rep.waiting)} waiting, "
                                f"{len(rep.running)} running)")
-        rep._pull_arrivals(now)
+        nxt = source.next_time()
+        if own_pull and not rep._inbox and (nxt is None or nxt > now):
+            # `_pull_arrivals` with nothing to take: what it leaves behind
+            rep._scheduled_at, rep._pass_at = None, now
+            if overlap:
+                rep._known = 0
+        else:
+            rep._pull_arrivals(now)
         if fl is not None and fl.turn():
             rep.batch_full = False
         if now >= rep._next_sample:
