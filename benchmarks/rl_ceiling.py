@@ -81,6 +81,21 @@ def defer_to_drain(cfg: EnvConfig, seed: int, opts: dict, label: str) -> dict:
             "return": ret}
 
 
+def shorts_alone(cfg: EnvConfig, seed: int, opts: dict, label: str) -> tuple[float, ...]:
+    """SLO attainment, P99 TTFT and median TPOT of the episode's short questions served
+    with its documents removed: what the documents cost them."""
+    wl = episode_workload(cfg, seed, opts)
+    t = cfg.targets
+    shorts = Workload(wl.name + "-documents", tuple(r for r in wl.requests
+                                                    if not t.is_document(r.prompt_tokens)))
+    ledger, recs, _ = run_policy(cfg, shorts, step_time_for(cfg), capacity_of(cfg),
+                                 build_policy(heuristic_specs(cfg)[label]))
+    met = [ledger.outcome[r["rid"]] == "met" for r in recs]
+    ttft = [r["ttft_s"] for r in recs if r["ttft_s"] is not None]
+    tpot = [r["tpot_s"] for r in recs if r["tpot_s"] is not None]
+    return float(np.mean(met)), float(np.percentile(ttft, 99)), float(np.median(tpot))
+
+
 def what_ifs(cfg: EnvConfig, seeds: list[int], opts: dict, base_label: str) -> None:
     """Bounds around the search: the defer-to-drain oracle, and what the deployment's
     own chunk settings (not policy decisions) do to the best rules."""
@@ -91,6 +106,11 @@ def what_ifs(cfg: EnvConfig, seeds: list[int], opts: dict, base_label: str) -> N
     rows = [defer_to_drain(cfg, s, opts, base_label) for s in seeds]
     print(row("defer documents to the drain", {k: float(np.mean([r[k] for r in rows]))
                                                for k in COLS}))
+    alone = [shorts_alone(cfg, s, opts, base_label) for s in seeds]
+    print(f"\nshort questions alone (the documents removed), {base_label}: SLO "
+          f"{np.mean([a[0] for a in alone]):.1%}, P99 TTFT {min(a[1] for a in alone):.2f}-"
+          f"{max(a[1] for a in alone):.2f} s, median TPOT "
+          f"{np.median([a[2] for a in alone]):.3f} s")
     print(f"\n## outside the action: SGLang's chunk settings (deployment what-ifs; the load "
           f"stays at the default deployment's capacity {capacity_of(cfg):.4f} req/s)\n")
     print("| --chunked-prefill-size | --enable-mixed-chunk | policy | SLO attainment | "
@@ -138,9 +158,12 @@ def main() -> None:
     seeds = [ns.first_seed + i for i in range(ns.episodes)]
     print(f"date {datetime.date.today()}; machine {machine()}")
     print(f"env {ns.env} (menu {', '.join(cfg.menu)}); capacity {capacity_of(cfg):.4f} req/s; "
-          f"load {ns.load:.0%}, burst CV {ns.burst_cv}; {cfg.family.n} requests per episode; "
-          f"seeds {seeds[0]}..{seeds[-1]}; base {ns.base}; objective {ns.objective}; "
-          f"single-document answers {'on' if ns.documents else 'off'}", flush=True)
+          f"load {ns.load:.0%}, burst CV {ns.burst_cv}; {cfg.family.n} requests per episode",
+          flush=True)
+    if not ns.no_search:
+        print(f"search: seeds {seeds[0]}..{seeds[-1]}; base {ns.base}; objective "
+              f"{ns.objective}; single-document answers {'on' if ns.documents else 'off'}",
+              flush=True)
     base_label = {"hold-documents": "deadline:documents", "laxity": "deadline:laxity",
                   "hold-hopeless": "deadline:hopeless", "deadline": "deadline:none",
                   "spf": "shortest-prefill-first"}.get(ns.base, "deadline:documents")
