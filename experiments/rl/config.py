@@ -106,6 +106,10 @@ class EnvConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["targets"] = self.targets.to_json()
+        dep = d["deployment"]  # the what-if flags only when set: older runs' configs match
+        for key, default in (("chunked_prefill_size", None), ("enable_mixed_chunk", False)):
+            if dep[key] == default:
+                del dep[key]
         return d
 
     @classmethod
