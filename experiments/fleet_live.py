@@ -7,9 +7,16 @@ own arguments, read from `/server_info`; `round_robin` / `cache_aware` with sgla
 defaults; crash faults for failover). Both write records with `replica`, so the split
 tables come from one function.
 
-The twin here is uncalibrated (the roofline on a GPU type: far faster than the 2-core CPU
-server), so routing decisions that do not depend on time (round robin, cache-aware prefix
-matches) are compared, not latencies.
+The twin is calibrated on one of the fleet's own servers (`calibrate`: the
+machinery of `servetwin calibrate`, a profile in the output directory reused when it is
+there), and every twin replica takes that profile (`calibration:`; memory sized on the
+CPU harness's GPU entry, as `calibration/validate.py` does). The twin replays the very
+requests the live client sent, each at its live send time (`at_send_times`), with the
+profile's request path (ingress before the scheduler, egress after each step) added as
+`servetwin validate` adds it; so latencies (TTFT/E2E per replica) compare, and so does
+which requests are in flight on a server when it is killed. Without a profile the twin is
+the roofline on a GPU (tens of ms a request, 1-3 s live): routing that does not depend
+on time only.
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ import re
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
 
 from runtime.client import ReplayConfig, ReplayResult, replay
 from runtime.router import RouterOptions, RouterProcess
@@ -33,7 +43,10 @@ WORKLOAD = ("arrival=poisson,rate=1.5,n=24,prompt=uniform:32:96,output=fixed:8,"
 # server is killed.
 FAILOVER_WORKLOAD = WORKLOAD.replace("output=fixed:8", "output=fixed:48").replace(
     "rate=1.5", "rate=2")
-TWIN_GPU = "a100-pcie-80gb"
+TWIN_GPU = "a100-pcie-80gb"  # uncalibrated; a calibrated replica's is the profile's rule
+# seconds of profiling for the live test (the benchmark takes more); every run kind is
+# sampled even in a short budget (calibration/profile.py interleaves them)
+TEST_BUDGET_S = 45.0
 SERVER_KEYS = ("model_path", "tp_size", "max_total_tokens", "chunked_prefill_size",
                "max_running_requests", "context_length", "max_prefill_tokens",
                "schedule_policy", "page_size", "disable_radix_cache", "disable_cuda_graph")
@@ -50,13 +63,23 @@ def template_of(req: Request) -> int | None:
 
 # ---- the twin's deployment ----------------------------------------------------------
 def twin_spec(server_info: dict, policy: str, replicas: int = 2,
-              faults: Sequence[dict] = (), failover: dict | None = None) -> dict:
-    """The twin deployment of the live fleet: its servers' arguments, the router policy."""
+              faults: Sequence[dict] = (), failover: dict | None = None,
+              profile: Path | None = None, order: Sequence[str] = ()) -> dict:
+    """The twin deployment of the live fleet: its servers' arguments, the router policy;
+    with `profile`, every replica calibrated by it (and all the server's arguments the
+    twin models, as `servetwin validate` takes them). `order`: the replicas' names in the
+    live router's order (its `/workers` list: round robin starts at the first, and
+    cache_aware's ties go to it; sglang-router 0.3.2 registers workers concurrently, so
+    the order changes from one router start to the next); default replica-0, replica-1."""
     values = twin_server_values(server_info)
-    args = {k: values[k] for k in SERVER_KEYS if k in values}
+    args = values if profile else {k: values[k] for k in SERVER_KEYS if k in values}
+    names = list(order) or [f"replica-{i}" for i in range(replicas)]
+    reps = [{"name": n, "engine": "sglang", "server_args": args} for n in names]
+    if profile:
+        for rep in reps:
+            rep["calibration"] = str(Path(profile).resolve())
     spec = {"name": f"cpu-fleet-{policy}", "gpu": TWIN_GPU, "router": {"name": policy},
-            "replicas": [{"name": "replica-", "count": replicas, "engine": "sglang",
-                          "server_args": args}]}
+            "replicas": reps}
     if faults:
         spec["faults"] = list(faults)
     if failover:
@@ -64,11 +87,92 @@ def twin_spec(server_info: dict, policy: str, replicas: int = 2,
     return spec
 
 
-def simulate(server_info: dict, policy: str, work: Workload, **kw) -> list[dict]:
-    from twin.fleet import parse_spec, simulate_fleet
+def simulate(server_info: dict, policy: str, work: Workload, profile: Path | None = None,
+             step_scale: float = 1.0, **kw) -> list[dict]:
+    """The twin's records of `work` through the deployment; with `profile`, calibrated
+    replicas and the profile's request path (arrivals `ingress` later at the router,
+    TTFT and E2E `ingress + egress` longer, `arrival_s` the client's send time again);
+    `step_scale` multiplies every step (a diagnostic: the drift a live run measured)."""
+    from twin.fleet import Kinds, parse_spec, simulate_fleet
 
-    return simulate_fleet(parse_spec(twin_spec(server_info, policy, **kw), "<fleet_live>"),
-                          work).records
+    spec = parse_spec(twin_spec(server_info, policy, profile=profile, **kw), "<fleet_live>")
+    if profile is None:
+        return simulate_fleet(spec, work).records
+    from calibration.profiles import read_profile
+    from calibration.validate import path_latency
+
+    ingress, egress = path_latency(read_profile(Path(profile)))
+    shifted = replace(work, requests=tuple(replace(r, arrival_s=r.arrival_s + ingress)
+                                           for r in work.requests))
+    kinds = _scaled_kinds(spec, step_scale) if step_scale != 1.0 else Kinds()
+    return [_client_view(r, ingress, egress)
+            for r in simulate_fleet(spec, shifted, kinds=kinds).records]
+
+
+def _scaled_kinds(spec, k: float):
+    """A `Kinds` whose (one) calibrated SGLang kind steps `k` times slower."""
+    from calibration.validate import Scaled
+    from twin.config import ServerArgs
+    from twin.fleet import Kinds
+    from twin.sim import SimConfig
+
+    kinds = Kinds()
+    for r in spec.replicas:
+        cfg = SimConfig(args=ServerArgs(**dict(r.server_args)), gpu=r.gpu,
+                        calibration=r.calibration)
+        cap, st, backend = kinds.sglang(cfg)
+        key = ("sglang", cfg.gpu, cfg.args, None, cfg.calibration)
+        if not isinstance(st, Scaled):
+            kinds.cache[key] = (cap, Scaled(st, k), backend)
+    return kinds
+
+
+def _client_view(rec: dict, ingress: float, egress: float) -> dict:
+    out = dict(rec)
+    out["arrival_s"] = round(rec["arrival_s"] - ingress, 6)
+    for key in ("ttft_s", "e2e_s"):
+        if rec.get(key) is not None:
+            out[key] = round(rec[key] + ingress + egress, 6)
+    return out
+
+
+# ---- calibration ------------------------------------------------------------------------
+def calibrate(url: str, out: Path, budget_s: float, log=print) -> Path:
+    """The profile of the server at `url`: `out/profile.json` when it is there (refused,
+    naming the file, if it is another server's: another model, version or device), else
+    a calibration of `budget_s` seconds (resumed from `out`'s runs if one was cut short)."""
+    from calibration.profiles import check_profile, read_profile
+    from experiments.policy_effect import calibrate as run_calibration
+
+    path = out / "profile.json"
+    if path.is_file():
+        check_profile(read_profile(path), server_info(url))
+        log(f"calibration reused: {path}")
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    run_calibration(url, out, budget_s, log)
+    return path
+
+
+def drift_of(records: Sequence[dict], info: dict, profile: Path) -> dict[str, float | None]:
+    """Per replica: this live run's isolated steps over the profile's (`drift` of
+    `calibration.validate.step_check` on that replica's records alone: a server's token
+    gaps are its own steps); None where no step could be isolated."""
+    from calibration.profiles import read_profile
+    from calibration.validate import drift, step_check
+    from runtime.server_api import twin_server_args
+    from twin.config import derive_capacity
+    from twin.fleet_calibration import CPU_PROFILE_GPU
+    from twin.perf.fitted import from_step_time_section
+
+    args = twin_server_args(info)
+    step = from_step_time_section(read_profile(profile)["step_time"],
+                                  derive_capacity(args, CPU_PROFILE_GPU), args)
+    out = {}
+    for replica in sorted({str(r.get("replica")) for r in records}):
+        mine = [r for r in records if str(r.get("replica")) == replica and r["status"] == "ok"]
+        out[replica] = drift(step_check(mine, info, step))
+    return out
 
 
 # ---- tables ---------------------------------------------------------------------------
@@ -107,6 +211,51 @@ def template_affinity(work: Workload, records: Sequence[dict]) -> float:
     return round(top / total, 4) if total else 0.0
 
 
+def latency(records: Sequence[dict]) -> dict[str, dict]:
+    """Per replica and for `all`: ok requests, TTFT and E2E mean and P50 (seconds)."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            groups.setdefault(str(r.get("replica")), []).append(r)
+    groups = dict(sorted(groups.items()))
+    groups["all"] = [r for g in groups.values() for r in g]
+    out = {}
+    for name, recs in groups.items():
+        row: dict = {"n": len(recs)}
+        for key in ("ttft_s", "e2e_s"):
+            v = np.array([r[key] for r in recs if r[key] is not None], dtype=float)
+            row[f"{key[:-2]}_mean"] = round(float(v.mean()), 4) if v.size else None
+            row[f"{key[:-2]}_p50"] = round(float(np.median(v)), 4) if v.size else None
+        out[name] = row
+    return out
+
+
+def split_distribution(info: dict, policy: str, work: Workload, profile: Path,
+                       order: Sequence[str], scales: Sequence[float] = (0.6, 0.8, 1.0, 1.25,
+                                                                        1.6),
+                       jitters: int = 4, jitter_s: float = 0.02) -> Counter:
+    """How the twin's request split (largest share first, as counts) varies when every step
+    is `scales` times the profile's (a loaded or calm machine) and each send time moves by
+    up to `jitter_s` (seeded uniform noise, `jitters` draws besides none): the
+    distribution of a race the twin cannot call request for request."""
+    out: Counter = Counter()
+    for k in scales:
+        for j in range(jitters + 1):
+            shaken = _jittered(work, j, jitter_s) if j else work
+            recs = simulate(info, policy, shaken, profile=profile, step_scale=k, order=order)
+            counts = sorted((row["requests"] for row in split(recs).values()), reverse=True)
+            out["/".join(map(str, counts))] += 1
+    return out
+
+
+def _jittered(work: Workload, seed: int, jitter_s: float) -> Workload:
+    rng = np.random.default_rng(seed)
+    noise = rng.uniform(-jitter_s, jitter_s, len(work.requests))
+    moved = [replace(r, arrival_s=max(0.0, r.arrival_s + float(d)))
+             for r, d in zip(work.requests, noise, strict=True)]
+    return replace(work, requests=tuple(sorted(moved, key=lambda r: r.arrival_s)))
+
+
 def shares_sorted(table: dict[str, dict]) -> list[float]:
     """Request shares largest first (which replica is "first" differs between runs)."""
     return sorted((row["request_share"] for row in table.values()), reverse=True)
@@ -118,6 +267,13 @@ class LiveRun:
     result: ReplayResult
     router_log: str
     kill_at_s: float | None = None  # replay clock
+    order: tuple[str, ...] = ()  # the replicas in the router's `/workers` order
+
+    def sent(self, work: Workload) -> Workload:
+        """`work` with each request at its live send time (the twin's input)."""
+        from calibration.validate import at_send_times
+
+        return at_send_times(work, self.records)
 
     @property
     def records(self) -> list[dict]:
@@ -144,7 +300,8 @@ def replay_through_router(fleet, options: RouterOptions, work: Workload,
 
         result = replay(work, cfg, progress=progress, facts=facts)
         router_log = router.log_path.read_text(errors="replace")
-    return LiveRun(result, router_log, killed.get("at"))
+    order = tuple(fleet.replica_of(u) for u in facts.workers if u in fleet.worker_urls)
+    return LiveRun(result, router_log, killed.get("at"), order)
 
 
 def failover_summary(records: Sequence[dict], kill_at: float, dead: str = "replica-0") -> dict:
@@ -153,6 +310,8 @@ def failover_summary(records: Sequence[dict], kill_at: float, dead: str = "repli
     after = [r for r in records if r["arrival_s"] > kill_at]
     return {
         "sent_before": sum(1 for r in records if r["arrival_s"] <= kill_at),
+        "on_dead_before": sorted((r["rid"] for r in records if r["arrival_s"] <= kill_at
+                                  and r.get("replica") in (dead, None)), key=_rid_key),
         "failed": sorted((r["rid"] for r in records if r["status"] != "ok"), key=_rid_key),
         "sent_after": len(after),
         "after_ok_elsewhere": sum(1 for r in after if r["status"] == "ok"
