@@ -80,6 +80,48 @@ def base_tree(commit: str, name: str = "servetwin-base") -> Path:
     return path
 
 
+LOOP_SETUPS = {  # the workloads above as `simulate` arguments (--loop-only)
+    "vidur": ("a100-sxm-80gb", 1.5),
+    "h100": ("h100-sxm-80gb", 5),
+}
+
+
+def loop_only(sizes: list[int], workloads: list[str], rounds: int) -> None:
+    """The scheduling loop alone, in this process: `simulate(..., keep_records=False)` on
+    the plain loop (twin/fastpath.py) and on SimPy's (SERVETWIN_GENERAL_LOOP=1), rounds
+    alternating, CPU time by `time.process_time`, best of each; the step-time tables are
+    built once before (a warm-up run), nothing is written."""
+    import time
+
+    from twin import fastpath
+    from twin.config import ServerArgs
+    from twin.sim import SimConfig, simulate
+    from twin.workload import from_spec
+
+    print("| workload | requests | plain loop CPU s | requests / CPU-s | SimPy loop CPU s | "
+          "speed-up | summaries |")
+    print("|---|---|---|---|---|---|---|")
+    for w in workloads:
+        gpu, rate = LOOP_SETUPS[w]
+        cfg = SimConfig(args=ServerArgs(model_path=LLAMA[1]), gpu=gpu,
+                        step_time_backend="opdb")
+        simulate(from_spec(VIDUR.format(rate=rate, n=100), 0), cfg, keep_records=False)
+        for n in sizes:
+            work = from_spec(VIDUR.format(rate=rate, n=n), 0)
+            best, summaries = {"0": float("inf"), "1": float("inf")}, {}
+            for _ in range(rounds):
+                for general in ("1", "0"):
+                    os.environ[fastpath.GENERAL_LOOP_ENV] = general
+                    t = time.process_time()
+                    res = simulate(work, cfg, keep_records=False)
+                    best[general] = min(best[general], time.process_time() - t)
+                    summaries[general] = res.summary
+            os.environ.pop(fastpath.GENERAL_LOOP_ENV)
+            same = "identical" if summaries["0"] == summaries["1"] else "differ"
+            print(f"| {w} | {n:,} | {best['0']:.2f} | {n / best['0']:,.0f} | "
+                  f"{best['1']:.2f} | {best['1'] / best['0']:.2f}x | {same} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -93,7 +135,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; best of")
     ap.add_argument("--new", default=None, help="measure this commit (a worktree) instead of "
                     "the working tree (which may hold others' unfinished edits)")
+    ap.add_argument("--loop-only", action="store_true", help="the scheduling loop alone, "
+                    "in this process: the plain loop against SimPy's (vidur, h100)")
     ns = ap.parse_args()
+    if ns.loop_only:
+        tree = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
+        sys.path.insert(0, str(tree))
+        print(f"# sim_speed --loop-only {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
+              f"UTC on {platform.node()} ({os.cpu_count()} CPUs, Python "
+              f"{platform.python_version()}); tree {ns.new or 'working tree'}; load average "
+              f"{os.getloadavg()[0]:.1f}")
+        try:
+            loop_only(ns.sizes, [w for w in ns.workloads if w in LOOP_SETUPS], ns.rounds)
+        finally:
+            if ns.new:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(tree)], capture_output=True)
+                tree.parent.rmdir()
+        return
     new = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
     head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
