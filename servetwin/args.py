@@ -12,11 +12,16 @@ from pathlib import Path
 
 from twin.config import KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULE_POLICIES, ServerArgs
 from twin.hardware import GPUS
+from twin.hicache import HOST_MEMORY_MODES, IO_BACKENDS, MEM_LAYOUTS, WRITE_POLICIES
 
 CHOICES = {
     "schedule_policy": SCHEDULE_POLICIES,
     "kv_cache_dtype": tuple(KV_CACHE_DTYPES),
     "quantization": tuple(q for q in QUANTIZATIONS if q),
+    "hicache_write_policy": WRITE_POLICIES,
+    "hicache_io_backend": IO_BACKENDS,
+    "hicache_mem_layout": MEM_LAYOUTS,
+    "hicache_host_memory_mode": HOST_MEMORY_MODES,
 }
 HELP = {
     "model_path": "Hugging Face id from the catalog or a local dir/config.json",
@@ -25,6 +30,16 @@ HELP = {
     "max_total_tokens": "KV pool size in tokens (default: what fits)",
     "chunked_prefill_size": "max tokens per prefill chunk; -1 disables (default by GPU)",
     "max_running_requests": "cap on running requests (default: SGLang's rule)",
+    "enable_hierarchical_cache": "SGLang's HiCache: a host-memory tier behind the radix cache; "
+    "evicted prefixes are loaded back over the host link (twin/hicache.py, docs/memory.md)",
+    "hicache_ratio": "host KV pool / device KV pool (default 2.0, SGLang's in cache mode)",
+    "hicache_size": "host KV pool in GB per GPU; overrides --hicache-ratio",
+    "hicache_write_policy": "when a radix node is copied to host: on first insert "
+    "(write_through), second (write_through_selective), on eviction (write_back)",
+    "hicache_io_backend": "accepted and resolved as SGLang does; same host-link bandwidth",
+    "hicache_mem_layout": "accepted and resolved as SGLang does; same host-link bandwidth",
+    "hicache_host_memory_mode": "cache only (buffer_only needs a storage backend)",
+    "hicache_storage_backend": "not modelled (the twin has the host tier only): leave unset",
 }
 # The users' deployment differs from SGLang's defaults here (shown in --help).
 DEPLOYMENT_DEFAULTS = {"tp_size": 2}

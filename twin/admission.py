@@ -89,6 +89,7 @@ class Adder:
             return self.state()
         extend = req.fill_len - req.prefix_len
         input_tokens = self.rep.ceil_page(extend)
+        future += self.rep.host_hit(req)  # HiCache: room for the load-back, not compute
         total = self.rep.alloc.footprint(extend + future)
         if total >= self.rem_total():
             return NO_TOKEN
@@ -108,5 +109,5 @@ class Adder:
                 return OTHER
             self.can_run.append((req, trunc))
             self.new_chunked = req
-            self._take(trunc, 0)
+            self._take(trunc, self.rep.host_hit(req))
         return self.state()

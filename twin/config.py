@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 
 from twin.errors import ConfigError, InfeasibleError
 from twin.hardware import GIB, GpuSpec, get_gpu
+from twin.hicache import check_hicache_args
 from twin.inputs import MAX_TOKENS, PRIORITY, TOKENS, Rule, check_optional
 from twin.models import ModelSpec, get_model
 
@@ -48,6 +49,8 @@ NUMBER_RULES = {
     "page_size": Rule(integer=True, lo=1, hi=2**20),
     "priority_scheduling_preemption_threshold": PRIORITY,
     "cuda_graph_max_bs_decode": Rule(integer=True, lo=1, hi=2**20),
+    "hicache_ratio": Rule(lo=0, lo_open=True, hi=1e6),
+    "hicache_size": Rule(integer=True, lo=0, hi=2**30),
 }
 
 
@@ -77,6 +80,15 @@ class ServerArgs:
     cuda_graph_max_bs_decode: int | None = None  # SGLang 0.5.23's name (no --cuda-graph-max-bs)
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    # SGLang's hierarchical cache, host-memory tier (twin/hicache.py); off by default
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float | None = None  # None: 2.0 (SGLang's default in cache mode)
+    hicache_size: int = 0  # GB per rank; overrides the ratio
+    hicache_write_policy: str = "write_through"
+    hicache_io_backend: str = "kernel"
+    hicache_mem_layout: str = "page_first"
+    hicache_host_memory_mode: str = "cache"
+    hicache_storage_backend: str | None = None  # refused: the twin has no storage tier
 
     def __post_init__(self) -> None:
         def bad(flag: str, value: object, allowed: str) -> ConfigError:
@@ -103,6 +115,7 @@ class ServerArgs:
                       f"allowed values: {', '.join(q for q in QUANTIZATIONS if q)}")
         for name, rule in NUMBER_RULES.items():
             check_optional("--" + name.replace("_", "-"), getattr(self, name), rule)
+        check_hicache_args(self)
         chunk = self.chunked_prefill_size
         if chunk is not None and chunk != -1 and chunk < 1:
             raise bad("chunked_prefill_size", chunk, "use -1 to disable chunking, or a size >= 1")

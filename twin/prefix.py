@@ -30,8 +30,13 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self, on_evict: Callable[[Node], None] | None = None) -> None:
-        self.on_evict = on_evict  # told of every evicted node (the allocator frees it)
+    def __init__(self, on_evict: Callable[[Node], None] | None = None,
+                 on_insert: Callable[[Sequence[Segment], Node, list[Node], float], None]
+                 | None = None) -> None:
+        # told of every evicted node, its parent chain still set (the allocator frees it;
+        # SGLang's hierarchical cache keeps a host copy, twin/hicache.py)
+        self.on_evict = on_evict
+        self.on_insert = on_insert  # told of every insert: (segments, deepest, created, now)
         self.root = Node(None, None, 0, 0.0)
         self.root.lock = 1  # never evicted
         self._next_id = 1
@@ -86,6 +91,8 @@ class RadixCache:
         self.total_tokens += added
         if node is not self.root and not node.children and node.lock == 0:
             heapq.heappush(self._lru, (now, node.nid, node))
+        if self.on_insert is not None:
+            self.on_insert(segments, node, created, now)
         return node, created
 
     # -- references ---------------------------------------------------------------------
@@ -121,11 +128,11 @@ class RadixCache:
                 continue  # stale entry
             parent = node.parent
             del parent.children[node.key]  # type: ignore[index]
-            node.parent = None
             self.n_nodes -= 1
             freed += node.tokens
             if self.on_evict is not None:
                 self.on_evict(node)
+            node.parent = None
             if parent is not self.root and not parent.children and parent.lock == 0:
                 heapq.heappush(heap, (parent.last_access, parent.nid, parent))
         self.total_tokens -= freed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twin.hicache import LOAD_BACK_THRESHOLD, HostTier, build_host_tier, layerwise_step, path_nodes
 from twin.memory import AllocResult
 from twin.request_state import SimRequest
 
@@ -58,6 +59,10 @@ class KVMemory:
     # (time, cause, tokens moved) of each compaction when a list (servetwin simulate
     # --alerts sets one: the defragmentation alert's record); None: not kept
     compaction_log: list | None = None
+    # SGLang's hierarchical cache (twin/hicache.py) when --enable-hierarchical-cache
+    hicache: HostTier | None = None
+    _pending_load: dict[int, tuple[int, int, int]]  # req index -> (host, GPU tokens, segs)
+    _load_s = 0.0  # host-to-GPU loads of the prefill batch being built
 
     def room(self) -> int:
         return self.rep.room()
@@ -87,7 +92,13 @@ class KVMemory:
 
     def _reserve(self, req: SimRequest) -> bool:
         """Pre-allocate at admission: contiguous reserves prompt + max new tokens, a buddy
-        block is sized for the round's own tokens; token pools do nothing."""
+        block is sized for the round's own tokens; token pools do nothing. With the
+        hierarchical cache, a host hit is loaded back here (SGLang: at admission)."""
+        if self.hicache is not None and req.index in self._pending_load:
+            return self._reserve_kv(req) and self._load_back(req)
+        return self._reserve_kv(req)
+
+    def _reserve_kv(self, req: SimRequest) -> bool:
         own = req.fill_len - req.prefix_len
         n = own + req.remaining if self.alloc.reserves_outputs else own
         res = self.alloc.reserve(req.index, n)
@@ -152,8 +163,79 @@ class KVMemory:
             req.prefix_len, req.matched_node = 0, None
             return
         n, node = self.tree.match(req.req.segments, self.env.now)
+        if self.hicache is not None:
+            n = self._match_host(req, n)
         # SGLang keeps at least one token to compute (the logits of the last one)
         req.prefix_len, req.matched_node = min(n, req.fill_len - 1), node
+
+    # ---- SGLang's hierarchical cache: the host tier's load-back (twin/hicache.py) --------
+    def _init_hicache(self) -> None:
+        """--enable-hierarchical-cache: a host tier behind the radix cache."""
+        from twin.prefix import RadixCache
+
+        self.hicache = build_host_tier(self.args, self.cap, self.alloc.name)
+        self.tree = RadixCache(on_evict=self._evicted_hicache,
+                               on_insert=self.hicache.on_insert)
+        self._pending_load = {}
+
+    def _match_host(self, req: SimRequest, n: int) -> int:
+        """The prefix as SGLang's admission counts it: GPU prefix plus `host_hit_length`
+        (when at least `load_back_threshold` tokens; smaller hits are recomputed)."""
+        h, k = self.hicache.match(req.req.segments, self.env.now)
+        if h - n >= LOAD_BACK_THRESHOLD:
+            self._pending_load[req.index] = (h, n, k)
+            return h
+        self._pending_load.pop(req.index, None)
+        return n
+
+    def host_hit(self, req: SimRequest) -> int:
+        """KV tokens a waiting request's load-back needs (`PrefillAdder` reserves them)."""
+        if self.hicache is None:
+            return 0
+        p = self._pending_load.get(req.index)
+        return p[0] - p[1] if p else 0
+
+    def _load_back(self, req: SimRequest) -> bool:
+        """`init_load_back`: room on the GPU for the host hit (evicting GPU nodes), the nodes
+        back in the GPU tree, the request's lock moved onto them; the copy is charged in the
+        step (`_with_load_back`). False: the host copies went meanwhile (matched again)."""
+        h, n, k = self._pending_load.pop(req.index)
+        hc, segs, now = self.hicache, req.req.segments[:k], self.env.now
+        if hc.match(segs, now)[1] < k:
+            return False
+        need = h - self.tree.peek(segs)
+        if need > 0 and not self._take_kv(req.index, need):
+            return False
+        hc.loading = True
+        node, created = self.tree.insert(segs, now)
+        hc.loading = False
+        got = 0
+        for c in created:
+            self.alloc.transfer(req.index, -c.nid, c.tokens)
+            got += c.tokens
+        if need > got:
+            self.alloc.free_tokens(req.index, need - got)
+        old = req.node
+        self.tree.lock(node)
+        req.node = node
+        if old is not None:
+            self.tree.unlock(old)
+        if got:
+            self._load_s += hc.loaded(segs, path_nodes(node), got, h - n)
+        return True
+
+    def _with_load_back(self, compute_s: float) -> float:
+        """The step's time with its loads: layer i's attention waits for layer i's copy."""
+        load, self._load_s = self._load_s, 0.0
+        dur = layerwise_step(compute_s, load, self.cap.model.num_layers)
+        self.hicache.stats["load_back_wait_s"] += dur - compute_s
+        return dur
+
+    def _evicted_hicache(self, node) -> None:
+        """A GPU radix node evicted with the hierarchical cache on: freed, and its host copy
+        kept (under write_back, written first: the replica waits for it)."""
+        self.alloc.free(-node.nid)
+        self._stall += self.hicache.on_device_evict(node, self.env.now)
 
     def _swap_in(self, req: SimRequest, restored: list[SimRequest]) -> float:
         """Bring a swapped-out request's KV back over the host link; it decodes next."""
@@ -252,3 +334,4 @@ class KVMemory:
         self._stall += nbytes / self.cap.gpu.host_link_bw
         self.counters.swap_outs += 1
         self.counters.swapped_bytes += nbytes
+
