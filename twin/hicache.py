@@ -177,6 +177,7 @@ class HostTier:
         self._ready: dict[int, float] = {}  # host nid -> time its copy is complete
         self._on_gpu: dict[int, Node] = {}  # GPU nid -> its host copy (locked once)
         self._hits: dict[int, int] = {}  # GPU nid -> insert walks (write_through_selective)
+        self._walker: dict[int, tuple] = {}  # GPU nid -> the prompt of its last counted walk
         self._d2h_free = 0.0  # when the device-to-host stream is next idle
 
     # -- the GPU tree's hooks --------------------------------------------------------------
@@ -191,11 +192,7 @@ class HostTier:
             return
         upto = len(path)
         if self.threshold > 1:
-            hits = self._hits
-            for i, g in enumerate(path):
-                hits[g.nid] = hits.get(g.nid, 0) + 1
-                if hits[g.nid] < self.threshold and upto == len(path):
-                    upto = i
+            upto = self._count_hits(segments, path)
         self._backup(segments[:upto], path[:upto], now)
         self._map_existing(segments, path)
 
@@ -203,6 +200,7 @@ class HostTier:
         """A GPU node was evicted (its parent chain still set): release its host copy's
         lock; under write_back, back it up first. Returns the copy time to wait for."""
         self._hits.pop(gpu_node.nid, None)
+        self._walker.pop(gpu_node.nid, None)
         host = self._on_gpu.pop(gpu_node.nid, None)
         stall = 0.0
         if host is None and self.policy == "write_back":
@@ -247,6 +245,7 @@ class HostTier:
         """A crash: host memory is the server's and goes with it."""
         self._on_gpu.clear()
         self._hits.clear()
+        self._walker.clear()
         self.tree = RadixCache(on_evict=self._host_evicted)
         self._ready.clear()
 
@@ -290,6 +289,25 @@ class HostTier:
                 self._ready[c.nid] = done
         self.stats["written_tokens"] += fit
         return fit
+
+    def _count_hits(self, segments: Sequence[Segment], path: list[Node]) -> int:
+        """`_inc_hit_count_and_check` over an insert walk; returns how many leading nodes
+        have reached the threshold. A request's own later inserts (its chunks, its finish)
+        do not count again (SGLang: `node_end > inserted_len`): the walker is known by its
+        prompt (output segments, negative hashes, stripped), and a walk that extends or
+        repeats the node's last walker's prompt is that walker's."""
+        key = tuple(s for s in segments if s[0] >= 0)
+        hits, last = self._hits, self._walker
+        upto = len(path)
+        for i, g in enumerate(path):
+            prev = last.get(g.nid)
+            n = len(prev) if prev is not None else 0
+            if prev is None or (key[:n] != prev and prev[:len(key)] != key):
+                hits[g.nid] = hits.get(g.nid, 0) + 1
+            last[g.nid] = key if prev is None or len(key) >= n else prev
+            if hits.get(g.nid, 0) < self.threshold and upto == len(path):
+                upto = i
+        return upto
 
     def _map_existing(self, segments: Sequence[Segment], path: list[Node]) -> None:
         """Pin the host copy of every GPU node on `path` that has one and is not pinned."""
