@@ -19,7 +19,9 @@ RECORD_FIELDS = (
     "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "retractions", "preemptions",
     "status", "error",
 )
-# The twin's records also carry `lost_s` and `kv_moved_bytes` after these (live ones may not).
+# The twin's records also carry `lost_s` and `kv_moved_bytes` after these (live ones may not),
+# and `"ignore_eos": false` last for a request that may stop at EOS (absent: it ignored EOS,
+# as servetwin's replay and bench_serving send every request).
 STATUSES = ("ok", "rejected", "aborted", "failed")
 PERCENTILES = (50, 90, 99)
 
@@ -72,6 +74,7 @@ def records_one_by_one(finished: Sequence, step_end: Sequence[float]) -> list[di
             "error": r.error,
             "lost_s": _r(r.lost_s),
             "kv_moved_bytes": round(r.moved_bytes),
+            **({} if r.ignore_eos else {"ignore_eos": False}),
         })
     return out
 

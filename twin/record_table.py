@@ -38,6 +38,9 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(float(x), 6)
 
 
+_NO_IGNORE_EOS = ',"ignore_eos":false'  # a request that may stop at EOS (twin/metrics.py)
+
+
 class RecordTable(Sequence):
     def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0) -> None:
         """`step_end`: the timeline's steps from index `offset` on (a window of it that
@@ -88,7 +91,8 @@ class RecordTable(Sequence):
                 "priority": r.priority, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
                 "e2e_s": e2e, "queue_s": queue, "retractions": r.retractions,
                 "preemptions": r.preemptions, "status": r.status, "error": r.error,
-                "lost_s": lost, "kv_moved_bytes": round(r.moved_bytes)}
+                "lost_s": lost, "kv_moved_bytes": round(r.moved_bytes),
+                **({} if r.ignore_eos else {"ignore_eos": False})}
 
     # ---- token gaps --------------------------------------------------------------------
     def _plan(self) -> tuple:
@@ -192,7 +196,8 @@ class RecordTable(Sequence):
                    f'"e2e_s":{_num(e2e)},"queue_s":{_num(queue)},'
                    f'"retractions":{int(r.retractions)},"preemptions":{int(r.preemptions)},'
                    f'"status":{_json_str(r.status)},"error":{error},'
-                   f'"lost_s":{_num(lost)},"kv_moved_bytes":{round(r.moved_bytes)}}}\n')
+                   f'"lost_s":{_num(lost)},"kv_moved_bytes":{round(r.moved_bytes)}'
+                   f'{"" if r.ignore_eos else _NO_IGNORE_EOS}}}\n')
 
     # ---- summary -----------------------------------------------------------------------
     def summary(self, slo: SLO | None = None, duration_s: float | None = None) -> dict:

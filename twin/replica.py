@@ -233,7 +233,7 @@ class Replica(Inbox, KVMemory, CutRuns):
             r = SimRequest(req, sent, self._n_seen)
             r.queue_entry_s = r.entered_s = recv  # SGLang's wait_queue_entry_time
             r.arrival_work = self.counters.prefill_tokens  # arrival_processed_tokens
-            r.ignore_eos = self.ignore_eos
+            r.ignore_eos = self.ignore_eos if req.ignore_eos is None else req.ignore_eos
             self._n_seen += 1
             if not self._validate(r):
                 continue

@@ -32,7 +32,9 @@ class SimRequest:
         self.max_new_tokens = req.output_tokens
         self.generated_tokens = 0
         self.prefix_len = 0
-        self.ignore_eos = True  # the twin's output lengths are fixed, as replays send them
+        # the twin's output lengths are fixed, as replays send them (the replica applies
+        # the run's setting where the request has none)
+        self.ignore_eos = req.ignore_eos is not False
         self.arrival_work = 0  # prefill tokens processed when it (re-)entered the queue
         self.head = head_key(req.segments)
         self.index = index

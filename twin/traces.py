@@ -5,6 +5,11 @@ Formats: `azure` (Azure LLM inference trace 2023 CSV), `mooncake` (Mooncake FAST
 JSONL, keeping the measured TTFTs and ITLs), `jsonl` (ours: one request per line, also
 reads the twin's own `requests.jsonl`). A malformed row raises `TraceError` naming the
 file, line and field.
+
+`ignore_eos` per request: only `jsonl` says (its `ignore_eos` key). Azure and Mooncake
+rows carry lengths only, and bench_serving's output does not record whether it ran with
+`--disable-ignore-eos` (it sends `ignore_eos` by default): their requests take the run's
+setting (`--no-ignore-eos`).
 """
 
 from __future__ import annotations
@@ -195,9 +200,11 @@ def _seconds(value: object) -> bool:
 
 @reader("jsonl")
 def read_jsonl(path: Path) -> Workload:
-    """One request per line: `rid`, `arrival_s`, `output_tokens`, optional `priority`, and
-    either `segments` ([[hash, n_tokens], ...]) or `prompt_tokens`. A `rid` given twice
-    (or null) is refused: records are keyed by it."""
+    """One request per line: `rid`, `arrival_s`, `output_tokens`, optional `priority` and
+    `ignore_eos` (true/false; absent: the run's setting; the twin's records carry
+    `"ignore_eos": false` for a request that did not ignore EOS), and either `segments`
+    ([[hash, n_tokens], ...]) or `prompt_tokens`. A `rid` given twice (or null) is
+    refused: records are keyed by it."""
     ids, requests, seen = SegmentIds(), [], {}
     for line_no, row in _json_lines(path):
         t = _float(path, line_no, row, "arrival_s")
@@ -216,8 +223,16 @@ def read_jsonl(path: Path) -> Workload:
         else:
             segs = [(ids.unique(), _int(path, line_no, row, "prompt_tokens"))]
         rid = _rid(path, line_no, row, seen)
-        requests.append(Request.make(rid, t, segs, out, prio))
+        requests.append(Request.make(rid, t, segs, out, prio, _ignore_eos(path, line_no, row)))
     return Workload(path.name, tuple(requests), description=f"jsonl trace {path}")
+
+
+def _ignore_eos(path: Path, line_no: int, row: dict) -> bool | None:
+    """The row's `ignore_eos` (true/false), None when absent or null (the run's setting)."""
+    value = row.get("ignore_eos")
+    if value is None or isinstance(value, bool):
+        return value
+    raise TraceError(str(path), line_no, "ignore_eos", f"{value!r}: must be true or false")
 
 
 def _rid(path: Path, line_no: int, row: dict, seen: dict[str, int]) -> str:
@@ -259,7 +274,7 @@ def load_trace(path: str | Path, fmt: str, *, time_scale: float = 1.0, offset_s:
     if not reqs:
         raise ConfigError(f"--trace {path}: no request at or after --trace-offset {offset_s}")
     reqs = [Request(r.rid, (r.arrival_s - offset_s) * time_scale, r.segments, r.output_tokens,
-                    r.priority, r.prompt_tokens) for r in reqs]
+                    r.priority, r.prompt_tokens, r.ignore_eos) for r in reqs]
     if reqs[-1].arrival_s > MAX_TIME_S:
         raise ConfigError(f"--trace {path}: arrivals span {reqs[-1].arrival_s:.3g} s after "
                           f"--trace-time-scale; at most {MAX_TIME_S:g} s")

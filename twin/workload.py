@@ -44,13 +44,20 @@ class Request:
     output_tokens: int
     priority: int = 0
     prompt_tokens: int = 0  # filled from segments by `make`
+    # SGLang's `sampling_params.ignore_eos`: True, the output runs to `output_tokens` and
+    # admission reserves all of it; False, it may stop at EOS, so admission reserves
+    # `new_token_ratio` of it; None, the run's setting (`--no-ignore-eos`; default True,
+    # as servetwin's replay and bench_serving send). A trace reader sets it where the
+    # format says (the jsonl reader's `ignore_eos` key, the twin's own records).
+    ignore_eos: bool | None = None
 
     @classmethod
     def make(cls, rid: str, arrival_s: float, segments: tuple[Segment, ...] | list[Segment],
-             output_tokens: int, priority: int = 0) -> Request:
+             output_tokens: int, priority: int = 0, ignore_eos: bool | None = None
+             ) -> Request:
         segs = tuple((int(h), int(n)) for h, n in segments if n > 0)
         return cls(rid, float(arrival_s), segs, int(output_tokens), int(priority),
-                   sum(n for _, n in segs))
+                   sum(n for _, n in segs), None if ignore_eos is None else bool(ignore_eos))
 
 
 # Whose closed-loop clients a workload models (`clients=`, arrival=closed only):
