@@ -87,7 +87,7 @@ COPIED = {
     "_run_decode": "44181b1f300dbd2e",
     "_schedule_prefill": "9fd715bd43c1f7af",
     "_sleep": "5973866b3eebfbc2",
-    "_pull_arrivals": "105132357187da3b",
+    "_pull_arrivals": "8bc78826a4efe294",
     "_seen_by": "9c053eae8fa05456",
 }
 
