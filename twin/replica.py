@@ -120,6 +120,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._end_blocks: list[np.ndarray] = []  # older chunks, folded (`_add_ends`)
         self.n_dec_steps = 0
         self.counters = Counters()
+        if args.enable_hierarchical_cache:
+            self._init_hicache()  # a host tier behind the radix cache (twin/hicache.py)
         self.series: list[tuple] = []  # (t, running, waiting, kv_used, cached, ratio)
         self._sample_every = sample_every_s
         self._next_sample = 0.0
@@ -439,6 +441,8 @@ class Replica(Inbox, KVMemory, CutRuns):
             dur = cache.prefill(chunks) + swap_in_s
         else:
             dur = self.st.step_time(chunks, [r.fill_len for r in decoders]) + swap_in_s
+        if self._load_s:  # HiCache load-backs, layer by layer under this step
+            dur = self._with_load_back(dur)
         self.counters.stall_s += swap_in_s
         if self.step_log is not None:
             self.step_log.append(("mixed" if decoders else "prefill", now,

@@ -177,6 +177,7 @@ class KVMemory:
         self.tree = RadixCache(on_evict=self._evicted_hicache,
                                on_insert=self.hicache.on_insert)
         self._pending_load = {}
+        self.counters.hicache = self.hicache.stats  # the summary's engine.hicache
 
     def _match_host(self, req: SimRequest, n: int) -> int:
         """The prefix as SGLang's admission counts it: GPU prefix plus `host_hit_length`
