@@ -125,6 +125,8 @@ def main() -> int:
         t0 = time.monotonic()
         prof = fl.calibrate(fleet.worker_urls[0], args.out / "calibration", args.budget_s)
         print(f"calibration: {time.monotonic() - t0:.0f} s", flush=True)
+        hop = fl.router_hop(fleet)
+        print(f"router hop: {hop}", flush=True)
         for policy in ("round_robin", "cache_aware"):
             run = fl.replay_through_router(fleet, RouterOptions(policy=policy), work)
             run.result.write(args.out / f"live-{policy}")
@@ -194,6 +196,10 @@ def main() -> int:
                      "profile's: " + ", ".join(f"{r} {v:.2f}" if v else f"{r} -"
                                                for r, v in drift.items())
                      + f" (twin x drift: {k:.2f})")
+    notes.append(f"- the router's hop (`fl.router_hop`: `{fl.HOP_WORKLOAD}`, sent straight "
+                 f"to each server, then through round_robin): TTFT P50 {hop['direct_ttft_p50_s']:.3f} s "
+                 f"direct, {hop['router_ttft_p50_s']:.3f} s through the router "
+                 f"({hop['n'][0]} and {hop['n'][1]} requests)")
     fail_notes = [f"Router circuit breaker of replica-0: {', '.join(circuit) or 'no transition'}."]
     if errors:
         fail_notes.append("Live errors of the failed requests: "

@@ -46,7 +46,7 @@ FAILOVER_WORKLOAD = WORKLOAD.replace("output=fixed:8", "output=fixed:48").replac
 TWIN_GPU = "a100-pcie-80gb"  # uncalibrated; a calibrated replica's is the profile's rule
 # seconds of profiling for the live test (the benchmark takes more); every run kind is
 # sampled even in a short budget (calibration/profile.py interleaves them)
-TEST_BUDGET_S = 45.0
+TEST_BUDGET_S = 25.0
 SERVER_KEYS = ("model_path", "tp_size", "max_total_tokens", "chunked_prefill_size",
                "max_running_requests", "context_length", "max_prefill_tokens",
                "schedule_policy", "page_size", "disable_radix_cache", "disable_cuda_graph")
@@ -302,6 +302,25 @@ def replay_through_router(fleet, options: RouterOptions, work: Workload,
         router_log = router.log_path.read_text(errors="replace")
     order = tuple(fleet.replica_of(u) for u in facts.workers if u in fleet.worker_urls)
     return LiveRun(result, router_log, killed.get("at"), order)
+
+
+# lone short requests (one output token, no shared prefix) to time the router's own hop
+HOP_WORKLOAD = "arrival=poisson,rate=2,n=8,prompt=fixed:64,output=fixed:1"
+
+
+def router_hop(fleet, spec: str = HOP_WORKLOAD) -> dict:
+    """TTFT median of the same lone requests sent straight to each server and through a
+    round_robin router over both (the router's hop: its HTTP proxying, on these cores)."""
+    work = from_spec(spec, 0)
+    direct: list[float] = []
+    for url in fleet.worker_urls:
+        res = replay(work, ReplayConfig(url=url, seed=0), None, probe(url))
+        direct += [r["ttft_s"] for r in res.records if r["status"] == "ok"]
+    routed = [r["ttft_s"] for r in replay_through_router(
+        fleet, RouterOptions(policy="round_robin"), work).records if r["status"] == "ok"]
+    return {"direct_ttft_p50_s": round(float(np.median(direct)), 4),
+            "router_ttft_p50_s": round(float(np.median(routed)), 4),
+            "n": (len(direct), len(routed))}
 
 
 def failover_summary(records: Sequence[dict], kill_at: float, dead: str = "replica-0") -> dict:
