@@ -756,6 +756,8 @@ class Replica(Inbox, KVMemory, CutRuns):
             self._leave(r, "aborted", reason)
         if self.tree is not None:
             self.tree.evict(self.tree.total_tokens)
+        if self.hicache is not None:
+            self.hicache.clear()  # host memory goes with the server (counters stay)
         self.host_used = 0.0
 
     def restart(self) -> None:
@@ -797,3 +799,5 @@ class Replica(Inbox, KVMemory, CutRuns):
             self.alloc.stored(), tree_tokens, private)
         if self.tree:
             self.tree.check_integrity()
+        if self.hicache is not None:
+            self.hicache.check_integrity()
