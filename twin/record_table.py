@@ -293,14 +293,38 @@ def _pairwise_sum(src: _Pieces, n: int) -> np.float64:
     return left + _pairwise_sum(src, n - n2)
 
 
-def _weighted_counts(values: np.ndarray, counts: np.ndarray,
+class _Cover:
+    """How many pieces values[s:s + n] cover each element, a range of elements at a time
+    (no array the size of the timeline: a day has ~4e7 steps): the starts at or before
+    an element minus the ends at or before it, from the sorted starts and ends."""
+
+    def __init__(self, starts: list[int], lens: list[int]) -> None:
+        st = np.asarray(starts, dtype=np.int64)
+        self.ups = np.sort(st)
+        self.downs = np.sort(st + np.asarray(lens, dtype=np.int64))
+
+    def __call__(self, i: int, j: int) -> np.ndarray:
+        """The counts of elements i..j-1, as floats (whole numbers: exact)."""
+        out = np.zeros(j - i)
+        for edges, sign in ((self.ups, 1.0), (self.downs, -1.0)):
+            a, b = np.searchsorted(edges, (i, j), side="left").tolist()
+            step = np.bincount(edges[a:b] - i, minlength=j - i).astype(float)
+            step[0] += a  # the edges before i
+            out += sign * np.cumsum(step)
+        return out
+
+
+def _weighted_counts(values: np.ndarray, cover: _Cover, offset: int = 0,
                      chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values (sorted) and the total count of each, chunk by chunk."""
+    """The distinct values (sorted) and the total count of each, chunk by chunk;
+    `values` starts at element `offset` of the covered array."""
     us, ws = [], []
     for i in range(0, len(values), chunk):
-        u, inv = np.unique(values[i:i + chunk], return_inverse=True)
+        part = values[i:i + chunk]
+        u, inv = np.unique(part, return_inverse=True)
         us.append(u)
-        ws.append(np.bincount(inv, weights=counts[i:i + chunk], minlength=len(u)))
+        counts = cover(offset + i, offset + i + len(part))
+        ws.append(np.bincount(inv, weights=counts, minlength=len(u)))
     if not us:
         return np.empty(0), np.empty(0)
     u, inv = np.unique(np.concatenate(us), return_inverse=True)
@@ -320,27 +344,17 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
         return {**{f"p{p}": None for p in PERCENTILES}, "mean": None}
     mean = round(float(_pairwise_sum(_Pieces(values, starts, lens), n) / n), 6)
     # how many gaps take each element of `values`: pieces cover ranges of it
-    st = np.asarray(starts, dtype=np.int64)
-    ln = np.asarray(lens, dtype=np.int64)
-    size = len(values) + 1
-    # +1 at each piece's start, -1 past its end, in one pass (one array the size of the
-    # timeline: a day has ~4e7 steps); whole numbers as floats below 2**53: exact
-    edges = np.concatenate((st, st + ln))
-    signs = np.ones(len(edges))
-    signs[len(st):] = -1.0
-    del st, ln
-    cover = np.bincount(edges, weights=signs, minlength=size)
-    del edges, signs
-    np.cumsum(cover, out=cover)
-    cover = cover[:-1]
+    cover = _Cover(starts, lens)
     if head_unique is not None:  # the first m values' distinct ones are known: weigh those
         u0, inv0 = head_unique
         m = len(inv0)
-        u1, w1 = _weighted_counts(values[m:], cover[m:])
+        u1, w1 = _weighted_counts(values[m:], cover, m)
+        w0 = np.zeros(len(u0))
+        for i in range(0, m, 1 << 20):
+            j = min(i + (1 << 20), m)
+            w0 += np.bincount(inv0[i:j], weights=cover(i, j), minlength=len(u0))
         uniq, inv = np.unique(np.concatenate((u0, u1)), return_inverse=True)
-        weight = np.bincount(inv, weights=np.concatenate(
-            (np.bincount(inv0, weights=cover[:m], minlength=len(u0)), w1)),
-            minlength=len(uniq))
+        weight = np.bincount(inv, weights=np.concatenate((w0, w1)), minlength=len(uniq))
     else:
         uniq, weight = _weighted_counts(values, cover)  # a value of weight 0 is never picked
     cum = np.cumsum(weight)  # whole numbers below 2**53: exact
