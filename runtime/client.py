@@ -6,7 +6,8 @@
 
 The same `Request` objects the twin simulates go to SGLang's native `/generate` with
 `stream: true`: `input_ids` from the request's segments (`runtime.token_ids`),
-`max_new_tokens` = the output length with `ignore_eos`, temperature 0, the request's
+`max_new_tokens` = the output length with `ignore_eos` (a request with `ignore_eos`
+False: `ignore_eos` false and `min_new_tokens` = its length), temperature 0, the request's
 `rid`, and its `priority` when the server has priority scheduling on. Open loop, each
 request is sent at its arrival time; closed loop (`workload.concurrency`), N clients each
 send their next request when their last one ends (not before its arrival time).
@@ -195,6 +196,10 @@ def build_body(req: Request, tokens: SegmentTokens, priority: bool) -> bytes:
                             "temperature": 0.0},
         "stream": True,
     }
+    if req.ignore_eos is False:  # may stop at EOS: SGLang admits it by new_token_ratio;
+        # min_new_tokens holds it to the workload's length (admission never reads it)
+        body["sampling_params"] = {"max_new_tokens": req.output_tokens, "ignore_eos": False,
+                                   "min_new_tokens": req.output_tokens, "temperature": 0.0}
     if priority:
         body["priority"] = req.priority
     return json.dumps(body, separators=(",", ":")).encode()
