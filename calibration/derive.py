@@ -215,7 +215,27 @@ def _path_latency(members: list[Timeline], fwd: float, pf: float) -> dict:
         egress = [tl.sent_wall + (tl.tokens[0] - tl.sent) - pf for tl in walls]
         out["ingress_s"] = round(float(np.median(ingress)), 7)
         out["egress_s"] = round(float(np.median(egress)), 7)
+        out |= _tokenizer_gaps(walls, ingress)
     return out
+
+
+def _tokenizer_gaps(walls: list[Timeline], ingress: list[float]) -> dict:
+    """The tokenizer manager's serial work (twin/request_path.py) from SGLang's stamps:
+    members in the order it dispatched them to the scheduler
+    (`api_server_dispatch_finish_ts`); a member it had received
+    (`request_received_ts`) before the one before it left waited for it, so the gap
+    between their dispatches is its own service: `dispatch` = [[prompt tokens, gap]];
+    `first` = [prompt tokens, ingress] of the first dispatched (it waited for no one)."""
+    key = "api_server_dispatch_finish_ts"
+    have = [(tl, ing) for tl, ing in zip(walls, ingress, strict=True)
+            if key in tl.meta and "request_received_ts" in tl.meta]
+    if not have:
+        return {}
+    have.sort(key=lambda p: p[0].meta[key])
+    gaps = [[b.prompt, round(b.meta[key] - a.meta[key], 7)]
+            for (a, _), (b, _) in zip(have, have[1:], strict=False)
+            if b.meta["request_received_ts"] <= a.meta[key]]
+    return {"dispatch": gaps, "first": [have[0][0].prompt, round(have[0][1], 7)]}
 
 
 def _alone(lines: Sequence[Timeline], members: list[int]) -> bool:

@@ -62,13 +62,44 @@ def base_for(info: dict):
 
 
 def request_path(samples: Sequence[dict]) -> dict:
-    """Median latency of the request path outside the steps (from forward-stamp samples)."""
+    """Median latency of the request path outside the steps (from forward-stamp samples),
+    and the tokenizer manager's costs where the samples carry its stamps
+    (`tokenizer_costs`)."""
     out = {}
     for key in ("ingress_s", "egress_s", "overhead_s"):
         vals = [s[key] for s in samples if key in s]
         out[key] = round(float(np.median(vals)), 6) if vals else 0.0
         out[f"{key[:-2]}_samples"] = len(vals)
-    return out
+    return out | tokenizer_costs(samples)
+
+
+def tokenizer_costs(samples: Sequence[dict]) -> dict:
+    """twin/request_path.py's costs fitted from the samples' tokenizer stamps
+    (calibration/derive.py): `per_request_s + per_token_s x prompt` by least squares over
+    the dispatch gaps of requests that queued at the tokenizer manager (one prompt length
+    only: its median gap per request, 0 per token; both clipped at 0), and `latency_s`,
+    the rest of the way in: the median of a first-dispatched request's ingress less its
+    service. {} without stamps (older servers, older profiles)."""
+    pts = [g for s in samples for g in s.get("dispatch", ())]
+    if not pts:
+        return {}
+    x = np.array([p for p, _ in pts], dtype=float)
+    y = np.array([g for _, g in pts], dtype=float)
+    if len(set(x.tolist())) < 2:
+        per_req, per_tok = float(np.median(y)), 0.0
+    else:
+        (per_req, per_tok), *_ = np.linalg.lstsq(np.vstack([np.ones_like(x), x]).T, y,
+                                                  rcond=None)
+        if per_tok < 0:  # no measurable token cost: all of it per request
+            per_req, per_tok = float(np.median(y)), 0.0
+        elif per_req < 0:
+            per_req, per_tok = 0.0, float(y.sum() / x.sum())
+    firsts = [s["first"] for s in samples if "first" in s]
+    lat = [ing - (per_req + per_tok * n) for n, ing in firsts]
+    return {"per_request_s": round(max(float(per_req), 0.0), 9),
+            "per_token_s": round(max(float(per_tok), 0.0), 12),
+            "latency_s": round(max(float(np.median(lat)), 0.0), 7) if lat else 0.0,
+            "tokenizer_samples": len(pts)}
 
 
 def build_profile(samples: Sequence[dict], info: dict, sources: list[str],

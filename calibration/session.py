@@ -64,7 +64,8 @@ class Trace:
 
 META_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time",
              "forward_entry_time", "prefill_finished_time", "first_token_latency",
-             "e2e_latency", "num_retractions", "finish_reason")
+             "e2e_latency", "num_retractions", "finish_reason",
+             "request_received_ts", "api_server_dispatch_finish_ts")  # the tokenizer's stamps
 
 
 def _meta_subset(meta: dict) -> dict:

@@ -101,7 +101,9 @@ def test_client_view_adds_egress_to_ttft_and_e2e_only():
     assert recs[0]["ttft_s"] == 0.1
 
 
-def test_simulate_defaults_on_a_gpu_overlap_and_the_request_path():
+def test_simulate_defaults_on_a_gpu_overlap_and_the_request_path(tmp_path):
+    import json
+
     import simpy
 
     from twin.request_path import OFF, SGLANG_0_5_23
@@ -113,11 +115,14 @@ def test_simulate_defaults_on_a_gpu_overlap_and_the_request_path():
     assert isinstance(rep.st, OverlapStepTime)
     assert cfg.path_for(rep.st) == SGLANG_0_5_23
     # a fitted step time (a calibration profile, or validate's own): no default path,
-    # validate adds the profile's measured one
+    # validate adds the profile's measured one; a profile's own tokenizer costs are its
+    # path (tests/test_request_path_calibrate.py), one without them has none
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"step_time": {"backend": "fitted"}}))
 
     class Fitted(Stub):
         name = "fitted"
-    assert SimConfig(args=args, calibration="p.json").path_for(rep.st) == OFF
+    assert SimConfig(args=args, calibration=str(prof)).path_for(rep.st) == OFF
     assert cfg.path_for(Fitted()) == OFF
     plain = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B",
                                       disable_overlap_schedule=True),

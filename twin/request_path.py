@@ -11,7 +11,8 @@ chunk has arrived, `egress_s` after the step that produced it.
 `RequestPath` holds the costs; `Tokenizer` is the tokenizer manager's queue (first come,
 first served, one at a time). The costs are CPU work on the server's host, measured on
 the CPU harness (`benchmarks/request_path.py`); the twin uses them on every GPU unless a
-calibration profile brings its own.
+calibration profile brings its own (`servetwin calibrate` fits them from SGLang's
+tokenizer stamps: calibration/profiles.py `tokenizer_costs`; `from_profile`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,29 @@ OFF = RequestPath()
 # less its service; egress is the fidelity profile's median (2.1 ms).
 SGLANG_0_5_23 = RequestPath(per_request_s=4.53e-3, per_token_s=4.14e-6, latency_s=2.9e-3,
                             egress_s=2.1e-3)
+
+
+COST_KEYS = ("per_request_s", "per_token_s", "latency_s")
+
+
+def from_profile(profile: dict, where: str) -> RequestPath | None:
+    """The request path a calibration profile measured (`servetwin calibrate`: its
+    `request_path` section's tokenizer costs, latency and median egress), or None when
+    it has no tokenizer costs (a profile of an older calibrate: the fitted step time then
+    runs without a path, as before). `where` names the file in errors."""
+    from twin.errors import ConfigError
+
+    rp = profile.get("request_path")
+    if not isinstance(rp, dict) or "per_request_s" not in rp:
+        return None
+    vals = {}
+    for key in (*COST_KEYS, "egress_s"):
+        v = rp.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 10:
+            raise ConfigError(f"--calibration {where}: request_path.{key}={v!r}: must be "
+                              "seconds in [0, 10)")
+        vals[key] = float(v)
+    return RequestPath(**vals)
 
 
 class Tokenizer:

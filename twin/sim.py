@@ -64,12 +64,19 @@ class SimConfig:
     policy: str | None = None  # --policy: a name or a spec file; None: from server args
     # SGLang's request path (twin/request_path.py): the tokenizer manager's queue on the
     # way in, egress to closed-loop clients; None: the costs measured on the CPU harness,
-    # or none with a fitted step time (a calibration profile: validate adds its own path)
+    # or a --calibration profile's own (none if it has none), or none with a fitted step
+    # time (validate adds its own path)
     request_path: RequestPath | None = None
 
     def path_for(self, step_time: StepTimeModel) -> RequestPath:
         if self.request_path is not None:
             return self.request_path
+        if self.calibration:  # the path the profile measured, if it did (else none)
+            from twin.perf.fitted import load_profile
+            from twin.request_path import from_profile
+
+            return from_profile(load_profile(self.calibration), self.calibration) \
+                or REQUEST_PATH_OFF
         fitted = self.calibration or getattr(step_time, "name", "") == "fitted"
         return REQUEST_PATH_OFF if fitted else SGLANG_0_5_23
 
