@@ -88,7 +88,10 @@ def test_simulate_ctrl_c_writes_every_request(tmp_path):
     n = 20_000  # minutes of work: the run is stopped long before the end
     proc = servetwin("simulate", "--workload", f"arrival=poisson,rate=20,n={n},"
                      "prompt=uniform:100:2000,output=uniform:50:500", "--out", str(out))
-    _, err = interrupt(proc, " requests, ")
+    wait_for_line(proc, " requests, ")  # the first progress line may show 0 done (load):
+    _busy_for(proc, 0.5)  # half a CPU-second more of simulation finishes some
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted (Ctrl-C) at simulated time" in err and "marked partial" in err
     recs = read_records(out / "requests.jsonl")
