@@ -41,12 +41,9 @@ WORKLOADS = {
 }
 
 
-def run_once(tree: Path, argv: list[str], out: Path,
-             general: bool = False) -> tuple[float, float, bool]:
-    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process; `general`:
-    on SimPy's loop (SERVETWIN_GENERAL_LOOP=1), not the plain one (twin/fastpath.py)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "SERVETWIN_GENERAL_LOOP": "1" if general
-           else "0"}
+def run_once(tree: Path, argv: list[str], out: Path) -> tuple[float, float, bool]:
+    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "-m", "servetwin.cli", "simulate", *argv, "--out", str(out)]
     with tempfile.TemporaryDirectory() as cwd:
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -80,84 +77,22 @@ def base_tree(commit: str, name: str = "servetwin-base") -> Path:
     return path
 
 
-LOOP_SETUPS = {  # the workloads above as `simulate` arguments (--loop-only)
-    "vidur": ("a100-sxm-80gb", 1.5),
-    "h100": ("h100-sxm-80gb", 5),
-}
-
-
-def loop_only(sizes: list[int], workloads: list[str], rounds: int) -> None:
-    """The scheduling loop alone, in this process: `simulate(..., keep_records=False)` on
-    the plain loop (twin/fastpath.py) and on SimPy's (SERVETWIN_GENERAL_LOOP=1), rounds
-    alternating, CPU time by `time.process_time`, best of each; the step-time tables are
-    built once before (a warm-up run), nothing is written."""
-    import time
-
-    from twin import fastpath
-    from twin.config import ServerArgs
-    from twin.sim import SimConfig, simulate
-    from twin.workload import from_spec
-
-    print("| workload | requests | plain loop CPU s | requests / CPU-s | SimPy loop CPU s | "
-          "speed-up | summaries |")
-    print("|---|---|---|---|---|---|---|")
-    for w in workloads:
-        gpu, rate = LOOP_SETUPS[w]
-        cfg = SimConfig(args=ServerArgs(model_path=LLAMA[1]), gpu=gpu,
-                        step_time_backend="opdb")
-        simulate(from_spec(VIDUR.format(rate=rate, n=100), 0), cfg, keep_records=False)
-        for n in sizes:
-            work = from_spec(VIDUR.format(rate=rate, n=n), 0)
-            best, summaries = {"0": float("inf"), "1": float("inf")}, {}
-            for _ in range(rounds):
-                for general in ("1", "0"):
-                    os.environ[fastpath.GENERAL_LOOP_ENV] = general
-                    t = time.process_time()
-                    res = simulate(work, cfg, keep_records=False)
-                    best[general] = min(best[general], time.process_time() - t)
-                    summaries[general] = res.summary
-            os.environ.pop(fastpath.GENERAL_LOOP_ENV)
-            same = "identical" if summaries["0"] == summaries["1"] else "differ"
-            print(f"| {w} | {n:,} | {best['0']:.2f} | {n / best['0']:,.0f} | "
-                  f"{best['1']:.2f} | {best['1'] / best['0']:.2f}x | {same} |", flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--workloads", nargs="+", default=["vidur"], choices=list(WORKLOADS))
-    ap.add_argument("--base", default=None, help="a previous commit to compare with, or "
-                    "'general': the measured tree on SimPy's loop (SERVETWIN_GENERAL_LOOP=1),"
-                    " which isolates the plain loop's gain (twin/fastpath.py)")
+    ap.add_argument("--base", default=None, help="a previous commit to compare with")
     ap.add_argument("--base-max", type=int, default=100_000,
                     help="run the base only up to this many requests (before issue 14 "
                     "a 1M run needed about 21 GB)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; best of")
     ap.add_argument("--new", default=None, help="measure this commit (a worktree) instead of "
                     "the working tree (which may hold others' unfinished edits)")
-    ap.add_argument("--loop-only", action="store_true", help="the scheduling loop alone, "
-                    "in this process: the plain loop against SimPy's (vidur, h100)")
     ns = ap.parse_args()
-    if ns.loop_only:
-        tree = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
-        sys.path.insert(0, str(tree))
-        print(f"# sim_speed --loop-only {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
-              f"UTC on {platform.node()} ({os.cpu_count()} CPUs, Python "
-              f"{platform.python_version()}); tree {ns.new or 'working tree'}; load average "
-              f"{os.getloadavg()[0]:.1f}")
-        try:
-            loop_only(ns.sizes, [w for w in ns.workloads if w in LOOP_SETUPS], ns.rounds)
-        finally:
-            if ns.new:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(tree)], capture_output=True)
-                tree.parent.rmdir()
-        return
     new = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
     head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
-    general = ns.base == "general"
-    base = new if general else base_tree(ns.base) if ns.base else None
+    base = base_tree(ns.base) if ns.base else None
     print(f"# sim_speed {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
           f"{platform.node()} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}"
@@ -178,7 +113,7 @@ def main() -> None:
                 run_base = base is not None and n <= ns.base_max
                 for _ in range(ns.rounds):
                     if run_base:
-                        best_base = min(best_base, run_once(base, argv, base_out, general))
+                        best_base = min(best_base, run_once(base, argv, base_out))
                     best_new = min(best_new, run_once(new, argv, new_out))
                 cpu, rss, ok = best_new
                 row = [w, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}", f"{rss:,.0f}"]
@@ -189,7 +124,7 @@ def main() -> None:
                 else:
                     row += ["-", "-", "-", "ok" if ok else "run failed"]
                 print("| " + " | ".join(row) + " |", flush=True)
-    for tree in (None if general else base, new if ns.new else None):
+    for tree in (base, new if ns.new else None):
         if tree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            capture_output=True)

@@ -118,19 +118,15 @@ def _docs_workload():
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-def test_the_plain_loop_and_simpy_agree_with_the_host_tier(policy, monkeypatch):
+def test_the_host_tier_passes_the_integrity_checks(policy):
     from twin.sim import SimConfig, simulate
 
     args = ServerArgs(model_path="meta-llama/Llama-3.1-8B", max_total_tokens=7000,
                       enable_hierarchical_cache=True, hicache_write_policy=policy)
     cfg = SimConfig(args=args, gpu="a100-sxm-80gb")
     plain = simulate(_docs_workload(), cfg)
-    monkeypatch.setenv("SERVETWIN_GENERAL_LOOP", "1")
-    general = simulate(_docs_workload(), cfg)
-    assert list(plain.records) == list(general.records)
     hc = plain.summary["engine"]["hicache"]
-    assert hc == general.summary["engine"]["hicache"]
     assert hc["host_hits"] > 0 and hc["loaded_back_tokens"] > 0  # the scenario exercises it
     debug = simulate(_docs_workload(), SimConfig(args=args, gpu="a100-sxm-80gb",
                                                  debug_checks=True))  # integrity every pass
-    assert list(debug.records) == list(general.records)
+    assert list(debug.records) == list(plain.records)

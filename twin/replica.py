@@ -250,8 +250,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         pass's time): the requests the last pass left in the inbox, at its front. What
         came later is received now and scheduled a pass later. With nothing in flight
         (cutoff None) the idle scheduler receives everything at once. (Counting entries,
-        not comparing times: a submit's clock time differs between the SimPy loop and
-        the plain one, twin/fastpath.py; which pass a request reached first does not.)
+        not comparing times: which pass a request reached first is what matters.)
         Returns (taken, left)."""
         n = len(inbox) if cutoff is None else min(self._known, len(inbox))
         taken, left = inbox[:n], inbox[n:]

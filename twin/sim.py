@@ -9,7 +9,6 @@ from pathlib import Path
 
 import simpy
 
-from twin import fastpath
 from twin.cluster import Deployment
 from twin.config import Capacity, ServerArgs, derive_capacity
 from twin.decider import Decider
@@ -254,7 +253,7 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
     `record_chunk` finished requests held, the rest spilled beside it and merged at the
     end, the same bytes; `result.records` reads the file back); `keep_records=False`
     without `out`: only the summary (nothing per request is kept)."""
-    env = fastpath.environment(workload, cfg)  # a plain loop in its domain (issue 14)
+    env = simpy.Environment()
     rep, backend = build_replica(env, workload, cfg, step_time)
     rep.progress = progress
     if keep_compactions:
@@ -269,11 +268,8 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         rep.feed.done_tickets = Count()  # the deployment's tickets: not needed for one
     interrupted = None
     try:
-        if isinstance(env, fastpath.PlainClock):
-            fastpath.run(rep)
-        else:
-            env.process(rep.run())
-            env.run()
+        env.process(rep.run())
+        env.run()
     except KeyboardInterrupt:  # keep what is done: every request still gets its record
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
     if sink is not None:
