@@ -215,27 +215,34 @@ def _path_latency(members: list[Timeline], fwd: float, pf: float) -> dict:
         egress = [tl.sent_wall + (tl.tokens[0] - tl.sent) - pf for tl in walls]
         out["ingress_s"] = round(float(np.median(ingress)), 7)
         out["egress_s"] = round(float(np.median(egress)), 7)
-        out |= _tokenizer_gaps(walls, ingress)
     return out
 
 
-def _tokenizer_gaps(walls: list[Timeline], ingress: list[float]) -> dict:
-    """The tokenizer manager's serial work (twin/request_path.py) from SGLang's stamps:
-    members in the order it dispatched them to the scheduler
-    (`api_server_dispatch_finish_ts`); a member it had received
-    (`request_received_ts`) before the one before it left waited for it, so the gap
-    between their dispatches is its own service: `dispatch` = [[prompt tokens, gap]];
-    `first` = [prompt tokens, ingress] of the first dispatched (it waited for no one)."""
+def tokenizer_samples(lines: Sequence[Timeline]) -> list[dict]:
+    """The tokenizer manager's serial work (twin/request_path.py) from SGLang's stamps,
+    one sample of a run (none without the stamps): the run's requests in the order the
+    manager dispatched them to the scheduler (`api_server_dispatch_finish_ts`); one sent
+    (client wall clock, same host) before the one before it left waited for it, so the
+    gap between their dispatches is its whole serial cost (HTTP handling and tokenizing
+    share the manager's event loop; SGLang's own `request_received_ts` is stamped only
+    when that loop takes the request up, after the one before has left): `dispatch` =
+    [[prompt tokens, gap]]; `first` = [prompt tokens, ingress (send to the waiting
+    queue)] of the first dispatched, which waited for no one. No `steps`: the step-time
+    fit leaves it out."""
     key = "api_server_dispatch_finish_ts"
-    have = [(tl, ing) for tl, ing in zip(walls, ingress, strict=True)
-            if key in tl.meta and "request_received_ts" in tl.meta]
+    have = sorted((tl for tl in lines if tl.sent_wall and key in (tl.meta or {})),
+                  key=lambda tl: tl.meta[key])
     if not have:
-        return {}
-    have.sort(key=lambda p: p[0].meta[key])
+        return []
     gaps = [[b.prompt, round(b.meta[key] - a.meta[key], 7)]
-            for (a, _), (b, _) in zip(have, have[1:], strict=False)
-            if b.meta["request_received_ts"] <= a.meta[key]]
-    return {"dispatch": gaps, "first": [have[0][0].prompt, round(have[0][1], 7)]}
+            for a, b in zip(have, have[1:], strict=False) if b.sent_wall <= a.meta[key]]
+    out = {"kind": "tokenizer", "source": "tokenizer-stamps", "dispatch": gaps,
+           "tag": have[0].tag}
+    m = have[0].meta
+    if "forward_entry_time" in m and "queue_time" in m:
+        ingress = m["forward_entry_time"] - m["queue_time"] - have[0].sent_wall
+        out["first"] = [have[0].prompt, round(ingress, 7)]
+    return [out]
 
 
 def _alone(lines: Sequence[Timeline], members: list[int]) -> bool:
@@ -249,8 +256,10 @@ def _alone(lines: Sequence[Timeline], members: list[int]) -> bool:
 
 
 def samples_from_timelines(lines: Sequence[Timeline], limits: Limits = Limits()) -> list[dict]:
-    """Every sample both derivations give; the forward stamps add the prefill samples."""
-    return token_gap_samples(lines, limits) + forward_samples(lines, limits)
+    """Every sample both derivations give; the forward stamps add the prefill samples and
+    the tokenizer's stamps a request-path sample (no steps: not a step-time sample)."""
+    return (token_gap_samples(lines, limits) + forward_samples(lines, limits)
+            + tokenizer_samples(lines))
 
 
 # ---- offline inputs ------------------------------------------------------------------

@@ -195,6 +195,10 @@ def describe(profile: dict) -> str:
     rp = profile["request_path"]
     lines.append(f"request path: ingress {rp['ingress_s'] * 1e3:.1f} ms, egress "
                  f"{rp['egress_s'] * 1e3:.1f} ms ({rp['overhead_samples']} samples)")
+    if "per_request_s" in rp:  # the tokenizer manager's costs (simulate --calibration)
+        lines.append(f"tokenizer: {rp['per_request_s'] * 1e3:.3f} ms per request + "
+                     f"{rp['per_token_s'] * 1e6:.3f} us per prompt token, then "
+                     f"{rp['latency_s'] * 1e3:.1f} ms ({rp['tokenizer_samples']} gaps)")
     return "\n".join(lines)
 
 

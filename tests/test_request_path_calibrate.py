@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from calibration.derive import Limits, Timeline, forward_samples
+from calibration.derive import Limits, Timeline, samples_from_timelines, tokenizer_samples
 from calibration.profiles import request_path, tokenizer_costs
 from twin.errors import ConfigError
 from twin.request_path import OFF, RequestPath
@@ -32,8 +32,9 @@ def _group(prompts: list[int], t0: float = 1000.0) -> list[Timeline]:
     return out
 
 
-def test_forward_samples_carry_the_tokenizers_dispatch_gaps():
-    (s,) = forward_samples(_group([100, 300, 50]), Limits(1024))
+def test_a_runs_tokenizer_sample_has_the_dispatch_gaps_of_requests_that_queued():
+    (s,) = tokenizer_samples(_group([100, 300, 50]))
+    assert s["kind"] == "tokenizer" and "steps" not in s  # the step-time fit skips it
     assert [n for n, _ in s["dispatch"]] == [300, 50]
     assert [g for _, g in s["dispatch"]] == pytest.approx([PER_REQ + PER_TOK * 300,
                                                            PER_REQ + PER_TOK * 50])
@@ -43,7 +44,7 @@ def test_forward_samples_carry_the_tokenizers_dispatch_gaps():
 
 def test_tokenizer_costs_are_fitted_exactly_from_noiseless_gaps():
     samples = [s for g in ([100, 300, 50], [900, 20, 400]) for s in
-               forward_samples(_group(g), Limits(2048))]
+               samples_from_timelines(_group(g), Limits(2048))]
     got = tokenizer_costs(samples)
     assert got["per_request_s"] == pytest.approx(PER_REQ)
     assert got["per_token_s"] == pytest.approx(PER_TOK)
@@ -51,10 +52,15 @@ def test_tokenizer_costs_are_fitted_exactly_from_noiseless_gaps():
     assert got["tokenizer_samples"] == 4
     assert request_path(samples)["per_request_s"] == got["per_request_s"]
     # one prompt length: no per-token cost can be told apart
-    one = tokenizer_costs(forward_samples(_group([200, 200, 200]), Limits(1024)))
+    one = tokenizer_costs(tokenizer_samples(_group([200, 200, 200])))
     assert one["per_token_s"] == 0.0
     assert one["per_request_s"] == pytest.approx(PER_REQ + PER_TOK * 200)
     assert tokenizer_costs([{"dur_s": 1.0}]) == {}  # no stamps: no costs
+    # a request sent after the one before had left did not queue: its gap is not service
+    late = _group([100, 300])
+    late[1] = Timeline("r1", 0.0, 300, 0, (0.8,), late[1].meta,
+                       sent_wall=late[0].meta["api_server_dispatch_finish_ts"] + 1e-4)
+    assert tokenizer_samples(late)[0]["dispatch"] == []
 
 
 def _profile(tmp_path, rp: dict | None):
