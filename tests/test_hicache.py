@@ -130,3 +130,17 @@ def test_the_host_tier_passes_the_integrity_checks(policy):
     debug = simulate(_docs_workload(), SimConfig(args=args, gpu="a100-sxm-80gb",
                                                  debug_checks=True))  # integrity every pass
     assert list(debug.records) == list(plain.records)
+
+
+def test_the_text_summary_shows_the_host_tier_only_when_it_is_on():
+    from twin.metrics import format_summary
+    from twin.sim import SimConfig, simulate
+
+    base = dict(model_path="meta-llama/Llama-3.1-8B", max_total_tokens=7000)
+    on = simulate(_docs_workload(), SimConfig(args=ServerArgs(
+        **base, enable_hierarchical_cache=True), gpu="a100-sxm-80gb"))
+    off = simulate(_docs_workload(), SimConfig(args=ServerArgs(**base), gpu="a100-sxm-80gb"))
+    hc = on.summary["engine"]["hicache"]
+    line = [x for x in format_summary(on.summary).splitlines() if "hierarchical" in x]
+    assert line and f"{hc['host_hits']} host hits" in line[0]
+    assert "hierarchical" not in format_summary(off.summary)

@@ -299,6 +299,14 @@ def format_summary(s: dict) -> str:
                  f"{s['retractions']}; preemptions {s['preemptions']}")
     if "slo" in s:
         lines.append(f"SLO {s['slo']['targets']}: attainment {s['slo']['attainment']:.1%}")
+    hc = s.get("engine", {}).get("hicache")
+    if hc:  # --enable-hierarchical-cache (twin/hicache.py)
+        lines.append(f"hierarchical cache ({hc['write_policy']}, host pool "
+                     f"{hc['host_capacity_tokens']:,} tokens): {hc['host_hits']} host hits, "
+                     f"{hc['loaded_back_tokens']:,} tokens loaded back in "
+                     f"{hc['load_back_s']:.3f} s ({hc['load_back_wait_s']:.3f} s of it in "
+                     f"steps), {hc['written_tokens']:,} tokens written, "
+                     f"{hc['host_evictions']} host evictions")
     if "memory" in s:
         from twin.memory_stats import format_memory
 
