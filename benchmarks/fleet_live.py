@@ -85,13 +85,6 @@ def machine() -> str:
             f"{platform.python_version()}; load average {load:.1f} at the start")
 
 
-def _geo(values) -> float:
-    import numpy as np
-
-    v = [x for x in values if x]
-    return float(np.exp(np.mean(np.log(v)))) if v else 1.0
-
-
 def describe_profile(path: Path) -> str:
     p = json.loads(path.read_text())
     st, rp, fit = p["step_time"], p.get("request_path") or {}, p.get("fit") or {}
@@ -132,7 +125,7 @@ def main() -> int:
             run.result.write(args.out / f"live-{policy}")
             sent = run.sent(work)
             drift = fl.drift_of(run.records, info, prof)
-            k = _geo(drift.values())
+            k = fl.drift_scale(run.records, info, prof)
             twin = fl.simulate(info, policy, sent, profile=prof, order=run.order)
             scaled = fl.simulate(info, policy, sent, profile=prof, order=run.order,
                                  step_scale=k)
@@ -170,9 +163,8 @@ def main() -> int:
         fault = [{"kind": "crash", "replica": "replica-0", "at_s": round(kill_at, 3),
                   "repair_s": 3600}]
         sent = run.sent(fwork)
-        drift = fl.drift_of([r for r in run.records if r["arrival_s"] > kill_at + 0.5
-                             or r.get("replica") == "replica-1"], info, prof)
-        k = _geo(drift.values())
+        drift = fl.drift_of(run.records, info, prof)
+        k = fl.drift_scale(run.records, info, prof)
         twins = {"twin": fl.simulate(info, "round_robin", sent, profile=prof, faults=fault,
                                      order=run.order),
                  "twin x drift": fl.simulate(info, "round_robin", sent, profile=prof,

@@ -175,6 +175,13 @@ def drift_of(records: Sequence[dict], info: dict, profile: Path) -> dict[str, fl
     return out
 
 
+def drift_scale(records: Sequence[dict], info: dict, profile: Path) -> float:
+    """One factor for the whole run: the geometric mean of `drift_of`'s per-replica ratios
+    (1.0 when no step could be isolated)."""
+    ks = [k for k in drift_of(records, info, profile).values() if k]
+    return float(np.exp(np.mean(np.log(ks)))) if ks else 1.0
+
+
 # ---- tables ---------------------------------------------------------------------------
 def split(records: Sequence[dict]) -> dict[str, dict]:
     """Per replica: requests, their share, prompt and cached tokens, cached-token share."""
