@@ -78,7 +78,7 @@ def _play_base_to_end(ep: Episode, base: int) -> None:
         return False
 
     ep.decider.takes = first_then_base
-    while ep.advance()[0] is not None:  # no question is taken any more: one advance
+    if ep.advance()[0] is not None:  # no question is taken any more: one advance ends it
         raise RuntimeError("a question was posted after the search's base took over")
 
 
