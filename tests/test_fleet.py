@@ -142,6 +142,19 @@ def test_circuit_breaker_opens_after_consecutive_failures_without_health_checks(
     assert len(sends) == 2 and all(r["status"] == "ok" for r in res.records)
 
 
+def test_a_stream_broken_by_the_crash_does_not_count_toward_the_circuit_breaker():
+    faults = [Fault("crash", "r0", 0.75, repair_s=1000.0)]
+    res = run_deployment(build(stream(n=20), faults=faults, disable_health_check=True,
+                               cb_failure_threshold=2, streaming=True))
+    sends = [s for s in res.deployment.send_log if s[2] == "r0"]
+    # sglang-router 0.3.2 records a response's outcome when it starts: the stream in
+    # flight at 0.75 broke after its 200 (failed, not a breaker failure); the next two
+    # sends are refused (2 failures): open
+    assert res.deployment.workers[0].breaker.opens == 1
+    assert len(sends) == 3
+    assert sum(r["status"] == "failed" for r in res.records) == 1
+
+
 def test_a_server_that_stops_answering_health_checks_still_finishes_its_requests():
     faults = [Fault("hang", "r0", 0.1, duration_s=100.0)]
     res = run_deployment(build(stream(), faults=faults, **FAST_HEALTH))

@@ -310,15 +310,18 @@ class Deployment:
         self._send(t)
 
     def _lost(self, t: Ticket, w: Worker, r: SimRequest) -> None:
-        """A request in flight on a server that crashed."""
+        """A request in flight on a server that crashed. A stream that broke after its
+        HTTP 200 is not a circuit-breaker failure (sglang-router 0.3.2 records the outcome
+        when the response starts: its log opens the circuit at the 10th refused
+        connection, the broken streams not counted); a reset before the answer is."""
         self.stats["lost_in_flight"] += 1
-        w.breaker.record(False, self.env.now)
         if self.failover.streaming:
             r.status = "failed"
             r.error = (f"{w.name} crashed at {self.env.now:g} s mid-response; the stream had "
                        "started (HTTP 200), so the router cannot retry it")
             self._finish(t, w.index, r)
             return
+        w.breaker.record(False, self.env.now)
         self._attempt_failed(t, w.index, f"{w.name} crashed at {self.env.now:g} s "
                              "(connection reset)")
 
