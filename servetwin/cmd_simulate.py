@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pol.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="model clients that stop at EOS: running requests reserve only "
                      "new_token_ratio of their remaining tokens (default: requests carry "
-                     "ignore_eos, as servetwin's live replay sends them)")
+                     "ignore_eos, as servetwin's live replay sends them; a jsonl trace's "
+                     "per-request ignore_eos key wins over either)")
     m = p.add_argument_group("the users' scheduler and memory design (twin-only, not SGLang flags)")
     m.add_argument("--preemption-mode", default="off",
                    choices=["off", "conservative", "moderate", "aggressive"],
