@@ -96,12 +96,6 @@ class Replica(Inbox, KVMemory, CutRuns):
         self.debug = debug_checks
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
-        # the running batch as running totals (issue 14), updated on join, leave and every
-        # step instead of summed over the batch at every decode run; check_integrity
-        # verifies them against a recount
-        self._sum_prompt = 0  # sum of prompt_tokens over `running`
-        self._sum_gen = 0  # sum of generated_tokens
-        self._min_left: int | None = None  # fewest tokens left (None: recount when read)
         self.chunked: SimRequest | None = None
         self.finished: list[SimRequest] = []
         self.batch_full = False
@@ -397,7 +391,6 @@ class Replica(Inbox, KVMemory, CutRuns):
             return False
         for j in sorted(plan.victims, reverse=True):
             victim = self.running.pop(j)
-            self._recount()
             adder.total_offset -= adder.reserved(victim)
             self._release_to_queue(victim, preempted=True)
         return True
@@ -494,10 +487,6 @@ class Replica(Inbox, KVMemory, CutRuns):
                 req.lost_s += now - req.left_batch_s
                 req.left_batch_s = None
             self.running.append(req)
-            self._sum_prompt += req.prompt_tokens
-            self._sum_gen += req.generated_tokens
-            if self._min_left is not None:
-                self._min_left = min(self._min_left, req.max_new_tokens - req.generated_tokens)
 
     def _prefill_done(self, req: SimRequest, end: float) -> None:
         """The round's prefill completed: the next token is out, the prompt is cached."""
@@ -538,12 +527,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
         k_mem = room // b if self._counts_only else self.alloc.decode_steps(
             [r.index for r in running], room)
-        left = self._min_left
-        if left is None:
-            left = self._min_left = min([r.max_new_tokens - r.generated_tokens
-                                         for r in running])
-        k = min(left, max(k_mem, 1))
-        kv0 = self._sum_prompt + self._sum_gen
+        k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
+        kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
         # in a fleet: end at own submits only (twin/decode_cut.py)
         cut = self.feed.cuts_runs and self._may_cut(b, k)
         limit = self._next_boundary(arrivals=not cut)
@@ -577,12 +562,12 @@ class Replica(Inbox, KVMemory, CutRuns):
         c.decode_steps += k
         c.busy_s += dur
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
+        done = False
         for r in running:
             r.generated_tokens += k
             r.private += k
-        self._sum_gen += b * k
-        self._min_left = left - k
-        done = left <= k
+            if r.generated_tokens >= r.max_new_tokens:
+                done = True
         if cut:
             yield from self._wait_or_cut(ends, k, now, busy0, ratio0)
         else:
@@ -639,31 +624,15 @@ class Replica(Inbox, KVMemory, CutRuns):
         return t
 
     def _advance(self, reqs: list[SimRequest], k: int) -> None:
-        """k more tokens (or -k given back) for each of `reqs`, the running batch."""
-        assert reqs is self.running
         for r in reqs:
             r.generated_tokens += k
             r.private += k
-        self._sum_gen += len(reqs) * k
-        if self._min_left is not None:
-            self._min_left -= k
-
-    def _recount(self) -> None:
-        """The running batch's totals from scratch (after a rare change of the batch)."""
-        running = self.running
-        self._sum_prompt = sum([r.prompt_tokens for r in running])
-        self._sum_gen = sum([r.generated_tokens for r in running])
-        self._min_left = None
 
     def _finish_done(self, now: float) -> None:
         done = [r for r in self.running if r.generated_tokens >= r.max_new_tokens]
         if not done:
             return
         self.running = [r for r in self.running if r.generated_tokens < r.max_new_tokens]
-        for r in done:
-            self._sum_prompt -= r.prompt_tokens
-            self._sum_gen -= r.generated_tokens
-        self._min_left = None
         self.shrunk = True
         before = self.room()
         for r in done:
@@ -694,7 +663,6 @@ class Replica(Inbox, KVMemory, CutRuns):
             if self.tree is not None:  # release_req: evict at once what the rest need
                 self.tree.evict(len(order) * C.RETRACT_DECODE_STEPS)
         self.running = [r for r in self.running if r in order]
-        self._recount()
         self.shrunk = True
         if order:
             gen = sum(r.generated_tokens for r in order)
@@ -772,7 +740,6 @@ class Replica(Inbox, KVMemory, CutRuns):
             self._leave(r, "aborted", f"not sent before the horizon {self.horizon}s")
         self._inbox = []
         self.running, self.waiting, self.chunked = [], [], None
-        self._recount()
 
     # ---- faults (hooks for a fleet, twin/cluster.py; a single server never calls them) --
     def crash(self, reason: str) -> None:
@@ -787,7 +754,6 @@ class Replica(Inbox, KVMemory, CutRuns):
                 *[r for r in self.cur_batch if not r.status]]
         live = list({id(r): r for r in live}.values())
         self.running, self.waiting, self.chunked, self.cur_batch = [], [], None, []
-        self._recount()
         for r in live:
             self._close_tokens(r)
             r.tok_events = [(e[0], min(e[1], keep)) if isinstance(e, tuple) else e
@@ -844,11 +810,6 @@ class Replica(Inbox, KVMemory, CutRuns):
         private = sum(r.private for r in live)
         assert self.alloc.stored() == tree_tokens + private, (
             self.alloc.stored(), tree_tokens, private)
-        running = self.running
-        assert self._sum_prompt == sum(r.prompt_tokens for r in running), "prompt total"
-        assert self._sum_gen == sum(r.generated_tokens for r in running), "generated total"
-        assert self._min_left is None or self._min_left == min(
-            r.max_new_tokens - r.generated_tokens for r in running), "fewest tokens left"
         if self.tree:
             self.tree.check_integrity()
         if self.hicache is not None:

@@ -286,7 +286,6 @@ class KVMemory:
         while self.running:
             victim = min(self.running, key=lambda r: (r.generated_tokens, -r.prompt_tokens))
             self.running.remove(victim)
-            self._recount()
             self._release_to_queue(victim, preempted=False)
             self.shrunk = True
             if self._take_kv(owner, n):
