@@ -90,7 +90,7 @@ servetwin plan --workload 'arrival=poisson,rate=4,n=2000' --target-rps 6 \\
   `DIR/report.html`.
 - **Runs.** Parallel over the cores by default (`--jobs`), candidates grouped by replica
   count (each boundary, scaled, is the next one's first guess); serial and parallel give
-  byte-identical plan.json. `--ray ADDRESS` runs the same groups as Ray tasks. A rerun into
+  byte-identical plan.json. `--ray ADDRESS` runs the same groups as Ray tasks on a Ray cluster (`pip install 'servetwin[ray]'`; `--ray local` starts a Ray of its own on loopback and shuts it down after; the plan is byte-identical to a serial one: tests/test_plan.py). A rerun into
   the same directory resumes: finished candidates are read back; a changed question or
   space is refused, naming what changed.
 - **Prices.** experiments/plan/prices.py: on-demand $/GPU-hour with their source and date;
