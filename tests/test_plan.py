@@ -26,7 +26,8 @@ from twin.sim import SimConfig, simulate
 
 pytestmark = pytest.mark.offline
 
-SPEC = "arrival=poisson,rate=10,n=300,prompt=uniform:1000:3000,output=uniform:20:60"
+RATE = 8  # the target: one replica cannot sustain it, two can
+SPEC = f"arrival=poisson,rate={RATE},n=300,prompt=uniform:1000:3000,output=uniform:20:60"
 MODEL = "meta-llama/Llama-3.1-8B"
 GPU = "a100-sxm-80gb"
 TOY = {"gpus": [GPU], "tp": [1], "replicas": [1, 2, 3, 4], "models": [MODEL]}
@@ -58,7 +59,7 @@ def test_the_bisection_finds_the_boundary_within_its_precision():
     hi = found["fails_at"]["scale"]
     assert lo < hi <= lo * 1.05  # the boundary is bracketed within 5 %
     assert direct_meets(q, lo) and not direct_meets(q, hi)
-    assert found["max_load"]["rps"] == pytest.approx(lo * 10)
+    assert found["max_load"]["rps"] == pytest.approx(lo * RATE)
 
 
 def test_capacity_grows_with_replicas_and_the_cheapest_meeting_one_wins(tmp_path):
@@ -66,11 +67,11 @@ def test_capacity_grows_with_replicas_and_the_cheapest_meeting_one_wins(tmp_path
     plan = run_plan(q, src, parse_space(TOY), settings(tmp_path, ramp=False))
     rows = plan["candidates"]
     loads = [r["max_load"]["rps"] for r in rows]
-    assert loads == sorted(loads) and loads[0] < 10 < loads[1]
+    assert loads == sorted(loads) and loads[0] < RATE < loads[1]
     assert [r["at_target"]["meets_slo"] for r in rows] == [False, True, True, True]
     assert plan["winner"] == "c0002"  # two replicas: the cheapest that meets the target
     assert rows[1]["cost_per_hour"] == 2 * DEFAULT_PRICES[GPU]
-    assert rows[1]["headroom"] == pytest.approx(loads[1] / 10 - 1, abs=1e-6)
+    assert rows[1]["headroom"] == pytest.approx(loads[1] / RATE - 1, abs=1e-6)
     assert plan["pareto"]["cost_vs_goodput"][0] == "c0001"
     assert (tmp_path / "candidates" / "c0002" / "requests.jsonl").is_file()
     assert "--replicas" not in (tmp_path / "winner.txt").read_text()
@@ -195,7 +196,7 @@ def test_the_cli_plan_and_the_winners_simulate_command_replay_the_same_records(t
     text = capsys.readouterr().out
     assert "winner: c0002 2x a100-sxm-80gb TP1 fcfs" in text
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["question"]["target"] == {"kind": "scale", "value": 1.0, "rps": 10.0}
+    assert plan["question"]["target"] == {"kind": "scale", "value": 1.0, "rps": float(RATE)}
     lines = (out / "winner.txt").read_text().splitlines()
     cmd = shlex.split(next(x for x in lines if x.startswith("servetwin simulate")))
     assert "--deployment" in cmd
