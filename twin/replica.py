@@ -529,8 +529,7 @@ class Replica(Inbox, KVMemory, CutRuns):
             [r.index for r in running], room)
         k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
         kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
-        # in a fleet: end at own submits only (twin/decode_cut.py)
-        cut = self.feed.cuts_runs and self._may_cut(b, k)
+        cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
         limit = self._next_boundary(arrivals=not cut)
         cache = self._cache
         if (cache is not None and self._cache_st is self.st
@@ -554,7 +553,7 @@ class Replica(Inbox, KVMemory, CutRuns):
         self._stall = 0.0
         if self.step_log is not None:
             self.step_log.append(("decode", now, [r.rid for r in running], k))
-        self._add_ends(ends if k == len(ends) else ends[:k])
+        self._add_ends(ends[:k])
         self.n_dec_steps += k
         dur = float(ends[k - 1]) - now + dur_copy
         c = self.counters
@@ -603,25 +602,22 @@ class Replica(Inbox, KVMemory, CutRuns):
 
     def _next_boundary(self, arrivals: bool = True) -> float | None:
         """The time at which a decode run must stop to let the scheduler look again."""
-        # the earliest of the candidates below, in this order (the first of equal ones, as
-        # min() of their list would give)
-        t = self._next_sample
+        candidates = [self._next_sample]
         if self.slice_s and self.waiting:  # a slice re-evaluates only if someone waits
-            c = (math.floor(self.env.now / self.slice_s + 1e-9) + 1) * self.slice_s
-            if c < t:
-                t = c
-        if self.horizon is not None and self.horizon < t:
-            t = self.horizon
+            candidates.append((math.floor(self.env.now / self.slice_s + 1e-9) + 1)
+                              * self.slice_s)
+        if self.horizon is not None:
+            candidates.append(self.horizon)
         fl = self.freed_later
-        if fl is not None and self.env.now < t and (
-                ((fl.slots or fl.tokens) and (self.waiting or self.chunked)) or self._inbox):
-            t = self.env.now  # one step: what it holds is free after it, or what was
-            # received now is schedulable after one step
+        if fl is not None and (fl.slots or fl.tokens) and (self.waiting or self.chunked):
+            candidates.append(self.env.now)  # one step: what it holds is free after it
+        if fl is not None and self._inbox:  # received now: schedulable after one step
+            candidates.append(self.env.now)
         if arrivals and (not self.batch_full or self.preempt):
             nxt = self.feed.next_arrival()
-            if nxt is not None and nxt < t:
-                t = nxt
-        return t
+            if nxt is not None:
+                candidates.append(nxt)
+        return min(candidates)
 
     def _advance(self, reqs: list[SimRequest], k: int) -> None:
         for r in reqs:
