@@ -200,12 +200,7 @@ class Replica(Inbox, KVMemory, CutRuns):
             if self.shrunk:  # SGLang filters the batch at the top of every pass: a
                 self.shrunk = False  # smaller batch clears batch_is_full
                 self.batch_full = False
-            if self.preempt:
-                self.batch_full = False  # as the pass does (`_schedule_prefill`)
-            if self.chunked is None and (not self.waiting or self.batch_full):
-                batch = None  # the pass's own first test, without its generator
-            else:
-                batch = yield from self._schedule_prefill(now)
+            batch = yield from self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
                 if not self._placed_any and self.running:
@@ -231,11 +226,6 @@ class Replica(Inbox, KVMemory, CutRuns):
 
     def _pull_arrivals(self, now: float) -> None:
         self.feed.pump(now)
-        if not self._inbox:  # nothing came: what the general path below does with none
-            self._scheduled_at, self._pass_at = None, now
-            if self.freed_later is not None:
-                self._known = 0
-            return
         inbox, self._inbox = self._inbox, []
         cutoff, self._scheduled_at, self._pass_at = self._scheduled_at, None, now
         if self.freed_later is not None:
