@@ -159,3 +159,26 @@ def machine() -> str:
         pass
     return (f"{platform.node()}: {platform.machine()}, {model}, {os.cpu_count()} cores, "
             f"Python {platform.python_version()}")
+
+
+def describe_fit(profile: dict, engine: str) -> list[str]:
+    """The lines `servetwin calibrate` prints for a fitted profile of either engine: the
+    samples, the step-time form and its held-out error, each coefficient with its
+    uncertainty, the fit's residuals (the request path is each engine's own)."""
+    st, fit = profile["step_time"], profile["fit"]
+    lines = [f"{engine} {profile['engine']['version']}, model {profile['model']['name']}, "
+             f"{profile['device']['kind']}: {fit['samples']} samples "
+             f"({', '.join(f'{k} {v}' for k, v in fit['samples_by_source'].items())})",
+             f"step time: {st['form']}, {st.get('target', 'median')} target; held-out "
+             "error (run total / per step, median |error|): " + ", ".join(
+                 f"{f} {e.get('run_total_abs_rel', float('nan')):.1%} / "
+                 f"{e.get('median_abs_rel', float('nan')):.1%}"
+                 for f, e in fit["held_out"].items())]
+    for name, value in st["coefficients"].items():
+        err = st["uncertainty"].get(name)
+        unc = f" +- {err:.3g}" if err is not None else " (not identifiable)"
+        lines.append(f"  {name:<18} {value:.4g}{unc}")
+    r = fit["residuals"]
+    lines.append(f"fit residuals: median |error| {r['median_abs_rel']:.1%}, P90 "
+                 f"{r['p90_abs_rel']:.1%}, mean {r['mean_rel']:+.1%}")
+    return lines

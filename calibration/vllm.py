@@ -268,22 +268,9 @@ def _check_reset(url: str) -> None:
 
 
 def describe(prof: dict) -> str:
-    st, fit = prof["step_time"], prof["fit"]
-    lines = [f"vLLM {prof['engine']['version']}, model {prof['model']['name']}, "
-             f"{prof['device']['kind']}: {fit['samples']} samples ("
-             + ", ".join(f"{k} {v}" for k, v in fit["samples_by_source"].items()) + ")",
-             f"step time: {st['form']}, {st.get('target')} target; held-out error (run total "
-             "/ per step, median |error|): " + ", ".join(
-                 f"{f} {e.get('run_total_abs_rel', float('nan')):.1%} / "
-                 f"{e.get('median_abs_rel', float('nan')):.1%}"
-                 for f, e in fit["held_out"].items())]
-    for name, value in st["coefficients"].items():
-        err = st["uncertainty"].get(name)
-        lines.append(f"  {name:<18} {value:.4g}"
-                     + (f" +- {err:.3g}" if err is not None else " (not identifiable)"))
-    r = fit["residuals"]
-    lines.append(f"fit residuals: median |error| {r['median_abs_rel']:.1%}, P90 "
-                 f"{r['p90_abs_rel']:.1%}, mean {r['mean_rel']:+.1%}")
+    from calibration.profiles import describe_fit
+
+    lines = describe_fit(prof, "vLLM")
     rp = prof["request_path"]
     total = rp.get("total_s")
     lines.append("request path (TTFT outside the engine): "

@@ -176,22 +176,9 @@ def _profile_live(url: str, out: Path, budget_s: float):
 
 
 def describe(profile: dict) -> str:
-    st, fit = profile["step_time"], profile["fit"]
-    lines = [f"SGLang {profile['engine']['version']}, model {profile['model']['name']}, "
-             f"{profile['device']['kind']}: {fit['samples']} samples "
-             f"({', '.join(f'{k} {v}' for k, v in fit['samples_by_source'].items())})",
-             f"step time: {st['form']}, {st.get('target', 'median')} target; held-out "
-             "error (run total / per step, median |error|): " + ", ".join(
-                 f"{f} {e.get('run_total_abs_rel', float('nan')):.1%} / "
-                 f"{e.get('median_abs_rel', float('nan')):.1%}"
-                 for f, e in fit["held_out"].items())]
-    for name, value in st["coefficients"].items():
-        err = st["uncertainty"].get(name)
-        unc = f" +- {err:.3g}" if err is not None else " (not identifiable)"
-        lines.append(f"  {name:<18} {value:.4g}{unc}")
-    r = fit["residuals"]
-    lines.append(f"fit residuals: median |error| {r['median_abs_rel']:.1%}, P90 "
-                 f"{r['p90_abs_rel']:.1%}, mean {r['mean_rel']:+.1%}")
+    from calibration.profiles import describe_fit
+
+    lines = describe_fit(profile, "SGLang")
     rp = profile["request_path"]
     lines.append(f"request path: ingress {rp['ingress_s'] * 1e3:.1f} ms, egress "
                  f"{rp['egress_s'] * 1e3:.1f} ms ({rp['overhead_samples']} samples)")
