@@ -174,25 +174,9 @@ class Store:
             return
         for path in (self.runs_path, self.samples_path):
             _drop_torn_tail(path)
-        for line_no, text in enumerate(self.runs_path.read_text().splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-                ok = isinstance(row, dict) and isinstance(row.get("traces"), list) and \
-                    isinstance(row.get("tag"), str)
-                traces = [Trace.from_json(t) for t in row["traces"]] if ok else []
-            except (ValueError, KeyError, TypeError, AttributeError):
-                ok = False
-            if not ok:
-                raise CalibrationError(f"{self.runs_path}:{line_no}: not a profiling run "
-                                       "(a JSON object with 'tag' and 'traces'); use another "
-                                       "--out or delete the file to start over")
-            if row.get("server") != self.identity:
-                raise CalibrationError(
-                    f"{self.runs_path}:{line_no} was profiled on another server "
-                    f"({row.get('server')}, this one is {self.identity}); use another --out "
-                    "or delete the file to start over")
+        for row, traces in read_runs(self.runs_path, self.identity, _traces_of,
+                                     "a profiling run (a JSON object with 'tag' and "
+                                     "'traces')"):
             self.done[row["tag"]] = traces
 
     def append(self, run: Run, traces: list[Trace], samples: list[dict]) -> None:
@@ -204,6 +188,39 @@ class Store:
             for s in samples:
                 fh.write(json.dumps(s) + "\n")
         self.done[run.tag] = traces
+
+
+def _traces_of(row: dict) -> list[Trace]:
+    if not isinstance(row.get("traces"), list):
+        raise TypeError("traces")
+    return [Trace.from_json(t) for t in row["traces"]]
+
+
+def read_runs(path: Path, identity: dict, parse: Callable[[dict], object],
+              what: str) -> list[tuple[dict, object]]:
+    """The rows of a resumable `PROFILE.runs.jsonl` with `parse(row)` of each, every row
+    checked (a JSON object with a string 'tag', `parse` does not raise, profiled on the
+    server `identity`); an error names the file and line."""
+    out = []
+    for line_no, text in enumerate(path.read_text().splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+            ok = isinstance(row, dict) and isinstance(row.get("tag"), str)
+            value = parse(row) if ok else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ok = False
+        if not ok:
+            raise CalibrationError(f"{path}:{line_no}: not {what}; use another --out or "
+                                   "delete the file to start over")
+        if row.get("server") != identity:
+            raise CalibrationError(
+                f"{path}:{line_no} was profiled on another server ({row.get('server')}, "
+                f"this one is {identity}); use another --out or delete the file to start "
+                "over")
+        out.append((row, value))
+    return out
 
 
 def _drop_torn_tail(path: Path) -> None:

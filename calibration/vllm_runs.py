@@ -20,6 +20,7 @@ from calibration.profile import (
     ServerLimits,
     _drop_torn_tail,
     make_plan,
+    read_runs,
     timelines,
     token_ids,
 )
@@ -109,6 +110,12 @@ def request_path_s(rows: list[dict]) -> float | None:
 
 
 # ---- the store, resumable ---------------------------------------------------------------
+def _check_traces(row: dict) -> bool:
+    if not all(Trace.from_json(t) for t in row["traces"]):
+        raise ValueError("traces")
+    return True
+
+
 @dataclass
 class Store:
     """`PROFILE.runs.jsonl`: one row per run (raw traces, metric delta, the server's
@@ -126,23 +133,9 @@ class Store:
         if not self.runs_path.exists():
             return
         _drop_torn_tail(self.runs_path)
-        for no, text in enumerate(self.runs_path.read_text().splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-                ok = isinstance(row, dict) and isinstance(row.get("tag"), str) and \
-                    all(Trace.from_json(t) for t in row["traces"])
-            except (ValueError, KeyError, TypeError, AttributeError):
-                ok = False
-            if not ok:
-                raise CalibrationError(f"{self.runs_path}:{no}: not a vLLM profiling run (a "
-                                       "JSON object with 'tag', 'traces' and 'metrics'); use "
-                                       "another --out or delete the file to start over")
-            if row.get("server") != self.identity:
-                raise CalibrationError(f"{self.runs_path}:{no} was profiled on another server "
-                                       f"({row.get('server')}, this one is {self.identity}); "
-                                       "use another --out or delete the file to start over")
+        for row, _ in read_runs(self.runs_path, self.identity, _check_traces,
+                                "a vLLM profiling run (a JSON object with 'tag', 'traces' "
+                                "and 'metrics')"):
             self.rows[row["tag"]] = row
 
     def append(self, row: dict) -> None:
