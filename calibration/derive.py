@@ -89,14 +89,30 @@ def clusters(lines: Sequence[Timeline], eps_s: float) -> list[list[tuple[float, 
 def token_gap_samples(lines: Sequence[Timeline], limits: Limits = Limits(),
                       eps_s: float = 0.005, idle_margin_s: float = 0.02) -> list[dict]:
     """Single-step samples from the token arrival clusters (see the module doc)."""
-    cl = clusters(lines, eps_s)
-    first_at = [tl.tokens[0] if tl.tokens else np.inf for tl in lines]
-    # a cluster that starts within eps of the previous one was split only because a
-    # request repeated: the client read two steps' chunks in one go (it was late), so
-    # neither gap around that boundary is a step's duration
-    late = {i for i in range(1, len(cl)) if cl[i][0][0] - cl[i - 1][-1][0] <= eps_s}
+    first_at = first_tokens(lines)
     out = []
-    active: set[int] = set()  # requests with a token so far and more to come
+    for cl, i, active in measurable_gaps(lines, eps_s):
+        sample = _gap_sample(lines, cl[i - 1], cl[i], active, first_at, limits,
+                             idle_margin_s)
+        if sample is not None:
+            out.append(sample)
+    return out
+
+
+def first_tokens(lines: Sequence[Timeline]) -> list[float]:
+    """Each request's first token time (inf without one)."""
+    return [tl.tokens[0] if tl.tokens else np.inf for tl in lines]
+
+
+def measurable_gaps(lines: Sequence[Timeline], eps_s: float):
+    """(clusters, i, active) for every gap between clusters i-1 and i that measures one
+    step: `active` holds the requests with a token so far and more to come (updated in
+    place). A cluster that starts within eps of the previous one was split only because
+    a request repeated: the client read two steps' chunks in one go (it was late), so
+    neither gap around that boundary is a step's duration."""
+    cl = clusters(lines, eps_s)
+    late = {i for i in range(1, len(cl)) if cl[i][0][0] - cl[i - 1][-1][0] <= eps_s}
+    active: set[int] = set()
     for i in range(1, len(cl)):
         for _, j, k in cl[i - 1]:
             if k < len(lines[j].tokens) - 1:
@@ -105,11 +121,7 @@ def token_gap_samples(lines: Sequence[Timeline], limits: Limits = Limits(),
                 active.discard(j)
         if i in late or i + 1 in late:
             continue
-        sample = _gap_sample(lines, cl[i - 1], cl[i], active, first_at, limits,
-                             idle_margin_s)
-        if sample is not None:
-            out.append(sample)
-    return out
+        yield cl, i, active
 
 
 def _unique(cluster: list[tuple[float, int, int]]) -> bool:

@@ -45,7 +45,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.derive import Timeline, _step, _unique, chunk_steps, clusters
+from calibration.derive import (
+    Timeline,
+    _step,
+    _unique,
+    chunk_steps,
+    first_tokens,
+    measurable_gaps,
+)
 
 PREFILL = "vllm:request_prefill_time_seconds"
 DECODE = "vllm:request_decode_time_seconds"
@@ -56,18 +63,9 @@ EPS_S = 0.005  # a silence longer than this starts the next cluster (a step end)
 def token_gap_samples(lines: Sequence[Timeline], budget: int, max_num_seqs: int,
                       eps_s: float = EPS_S, idle_margin_s: float = 0.02) -> list[dict]:
     """Single-step samples from token arrival clusters under vLLM's rules (module doc)."""
-    cl = clusters(lines, eps_s)
-    first_at = [tl.tokens[0] if tl.tokens else np.inf for tl in lines]
-    late = {i for i in range(1, len(cl)) if cl[i][0][0] - cl[i - 1][-1][0] <= eps_s}
-    out, active = [], set()
-    for i in range(1, len(cl)):
-        for _, j, k in cl[i - 1]:
-            if k < len(lines[j].tokens) - 1:
-                active.add(j)
-            else:
-                active.discard(j)
-        if i in late or i + 1 in late:
-            continue
+    first_at = first_tokens(lines)
+    out = []
+    for cl, i, active in measurable_gaps(lines, eps_s):
         before = float(np.median([t for t, _, _ in cl[i - 2]])) if i >= 2 else None
         s = _gap(lines, cl[i - 1], cl[i], before, active, first_at, budget, max_num_seqs,
                  idle_margin_s)
