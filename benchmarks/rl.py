@@ -84,9 +84,13 @@ def comparisons(rows: dict[str, dict]) -> list[str]:
     class-balanced reward it is trained on), and the best of the earlier registry
     (SGLang's, the users', the menu rules) against the deadline policy's best."""
     heur = {k: v for k, v in rows.items() if k != "learned"}
-    old = {k: v for k, v in heur.items() if not k.startswith("deadline")}
+    plain = {k: v for k, v in heur.items() if "+chunks" not in k and "+budget" not in k}
+    old = {k: v for k, v in plain.items() if not k.startswith("deadline")}
     out = []
-    for what, pool in (("best heuristic", heur), ("best heuristic before deadline", old)):
+    pools = [("best heuristic", plain), ("best heuristic before deadline", old)]
+    if len(plain) < len(heur):  # the same rules with the learned policy's chunk answer
+        pools.insert(1, ("best heuristic with the chunk answer", heur))
+    for what, pool in pools:
         if not pool:
             continue
         for metric in ("slo_attainment", "return"):
@@ -139,6 +143,15 @@ def main() -> None:
                          "live servers)")
     ap.add_argument("--live-policies", nargs="+", default=None,
                     help="run only these live (labels; the others are kept from --live-out)")
+    ap.add_argument("--live-chunk-answer", default=None, metavar="TOKENSxPARK",
+                    help="the chunk answer of the live deadline:MODE+chunks rules at the CPU "
+                         "server's scale (default: the users' 256x4 scaled by the chunk "
+                         "budgets: 32x4)")
+    ap.add_argument("--live-chunk-budget", default=None, metavar="SECONDSxPARK",
+                    help="the time-budget chunk answer of the live deadline:MODE+budget rules "
+                         "at the CPU server's scale (default: the users' answer, "
+                         "experiments/rl/evaluate.py BUDGET_ANSWER, scaled by a full chunk's "
+                         "step)")
     ap.add_argument("--live-report", action="store_true",
                     help="print the live tables from --live-out's records, run nothing")
     ns = ap.parse_args()
@@ -168,8 +181,23 @@ def live_comparison(ns) -> None:
 
         res = rebuild(ns.live_out)
     else:
+        from twin.policy.menu import parse_budget_answer, parse_chunk_answer
+
+        answer = None
+        if ns.live_chunk_answer:
+            try:
+                answer = parse_chunk_answer(ns.live_chunk_answer)
+            except ValueError as exc:
+                raise SystemExit(f"--live-chunk-answer: {exc}") from None
+        budget = None
+        if ns.live_chunk_budget:
+            try:
+                budget = tuple(parse_budget_answer(ns.live_chunk_budget))
+            except ValueError as exc:
+                raise SystemExit(f"--live-chunk-budget: {exc}") from None
         res = run(ns.live_out, ns.live_load, ns.budget_s, ns.policy, ns.plugin_tree,
-                  ns.live_policies, log=lambda m: print("#", m, flush=True))
+                  ns.live_policies, log=lambda m: print("#", m, flush=True),
+                  chunk_answer=answer, budget=budget)
     print(f"\nworkload {res['workload']} at {res['load']:.0%} of the calibrated capacity "
           f"({res['capacity_rps']:.3f} req/s); SLO {res['targets']}\n")
     print("at the targets above, the twin as calibrated:\n")

@@ -19,7 +19,7 @@ import aiohttp
 
 from runtime.client import HttpStatusError, stream_generate
 from runtime.recording import meta_problem
-from runtime.server_api import ReplayError, flush_cache, probe
+from runtime.server_api import ReplayError, flush_cache, fresh_rid_suffix, probe, server_rid
 from twin.errors import ServetwinError
 
 READ_BUFFER = 1 << 22
@@ -130,7 +130,9 @@ async def _group(url: str, requests, timeout_s: float, tag: str) -> list[Trace]:
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
         t0 = time.perf_counter() + 0.05
         traces = [Trace(rid, 0.0, len(ids), tag=tag) for rid, ids, _, _ in requests]
-        jobs = [_bounded(_one(session, url, tr, ids, n, t0 + off), tr, timeout_s + off)
+        suffix = fresh_rid_suffix()  # a resumed run's ids never meet an interrupted one's
+        jobs = [_bounded(_one(session, url, tr, ids, n, t0 + off, suffix), tr,
+                         timeout_s + off)
                 for tr, (_, ids, n, off) in zip(traces, requests, strict=True)]
         await asyncio.gather(*jobs)
     return traces
@@ -146,8 +148,8 @@ async def _bounded(job, tr: Trace, timeout_s: float) -> None:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, tr: Trace, ids: list[int],
-               max_new: int, at: float) -> None:
-    body = {"rid": tr.rid, "input_ids": ids, "stream": True,
+               max_new: int, at: float, rid_suffix: str = "") -> None:
+    body = {"rid": server_rid(tr.rid, rid_suffix), "input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True,
                                 "temperature": 0.0}}
     delay = at - time.perf_counter()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twin.request_path import token_times as record_token_times
 from twin.workload import Request, Workload, from_spec
 
 SERVER_ARGS = {"max_num_seqs": 4, "max_num_batched_tokens": 512, "num_gpu_blocks_override": 24,
@@ -173,10 +174,7 @@ def max_concurrency(records: Sequence[dict]) -> int:
 
 
 def token_times(r: dict) -> np.ndarray:
-    if r.get("ttft_s") is None:
-        return np.empty(0)
-    first = r["arrival_s"] + r["ttft_s"]
-    return first + np.concatenate([[0.0], np.cumsum(r.get("itl_s") or [])])
+    return np.array(record_token_times(r), dtype=float)
 
 
 def chunk_steps(records: Sequence[dict], eps_s: float = 0.005) -> int | None:

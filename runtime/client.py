@@ -42,7 +42,15 @@ import aiohttp
 import numpy as np
 
 from runtime.recording import StreamLog
-from runtime.server_api import ReplayError, ServerFacts, flush_cache, probe, snapshot
+from runtime.server_api import (
+    ReplayError,
+    ServerFacts,
+    flush_cache,
+    fresh_rid_suffix,
+    probe,
+    server_rid,
+    snapshot,
+)
 from runtime.token_ids import SegmentTokens
 from twin.metrics import summarize, write_records
 from twin.outputs import atomic_write_text
@@ -188,9 +196,10 @@ def worker_metrics(urls) -> dict[str, str]:
     return {url: snapshot(url)["metrics"] for url in urls}
 
 
-def build_body(req: Request, tokens: SegmentTokens, priority: bool) -> bytes:
+def build_body(req: Request, tokens: SegmentTokens, priority: bool,
+               rid_suffix: str = "") -> bytes:
     body = {
-        "rid": req.rid,
+        "rid": server_rid(req.rid, rid_suffix),
         "input_ids": tokens.prompt(req.segments),
         "sampling_params": {"max_new_tokens": req.output_tokens, "ignore_eos": True,
                             "temperature": 0.0},
@@ -234,6 +243,7 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.tokens = SegmentTokens(self.facts.vocab_size, self.cfg.seed)
+        self.rid_suffix = fresh_rid_suffix()  # the server sees RID.SUFFIX (server_api)
         self.in_flight = 0
         self.flying: dict[asyncio.Task, StreamLog] = {}  # requests in flight, by task
         self.expired: set[asyncio.Task] = set()  # cancelled by _expire (already failed)
@@ -283,7 +293,8 @@ class _Run:
         tasks = []
         try:
             for req in self.workload.requests:
-                body = build_body(req, self.tokens, self.facts.priority_scheduling)
+                body = build_body(req, self.tokens, self.facts.priority_scheduling,
+                                  self.rid_suffix)
                 scheduled = self.t0 + req.arrival_s
                 await self._sleep_until(scheduled)
                 if self.stop_reason:
@@ -305,7 +316,8 @@ class _Run:
                 if self.stop_reason:
                     return
                 scheduled = max(self.t0 + req.arrival_s, free_at)
-                body = build_body(req, self.tokens, self.facts.priority_scheduling)
+                body = build_body(req, self.tokens, self.facts.priority_scheduling,
+                                  self.rid_suffix)
                 await self._sleep_until(scheduled)
                 if self.stop_reason:
                     return
@@ -496,6 +508,7 @@ class _Run:
             "started_utc": self.started_wall,
             "duration_s": round(self.duration_s, 3),
             "seed": self.cfg.seed,
+            "server_rid_suffix": self.rid_suffix,  # the server saw RID.SUFFIX
             "vocab_size": f.vocab_size,
             "vocab_source": f.vocab_source,
             "token_id_range": [self.tokens.low, self.tokens.high],

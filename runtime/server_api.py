@@ -9,6 +9,7 @@ and the context limits. `snapshot(url)` saves `/server_info` and `/metrics` as t
 from __future__ import annotations
 
 import json
+import secrets
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -166,3 +167,19 @@ def twin_server_values(info: dict) -> dict:
     if "max_total_tokens" not in given and isinstance(info.get("max_total_num_tokens"), int):
         given["max_total_tokens"] = info["max_total_num_tokens"]
     return given
+
+
+def fresh_rid_suffix() -> str:
+    """A token for the request ids one replay (or one calibration group) sends. SGLang
+    0.5.23's tokenizer manager refuses a `rid` it still holds ("Duplicate request ID
+    detected", HTTP 400), and a request of an earlier replay on the same server can still
+    be there after its client has gone (interrupted, or its stream closed early): sent as
+    `RID.SUFFIX`, a new replay's ids never meet an old one's. Records keep the workload's
+    ids; the suffix is in the replay's metadata."""
+    return secrets.token_hex(3)
+
+
+def server_rid(rid: str, suffix: str) -> str:
+    """The id sent to the server for the workload's `rid` (`suffix` "" : as it is)."""
+    return f"{rid}.{suffix}" if suffix else rid
+

@@ -19,6 +19,7 @@ from servetwin.cmd_live_plugin import (
     require_plugin,
 )
 from servetwin.cmd_live_replay import register_compare, register_replay
+from servetwin.cmd_live_step_cpu import register_step_cpu
 from servetwin.cmd_live_vllm import register_install_vllm, register_serve_vllm
 
 
@@ -113,9 +114,13 @@ def register_serve_cpu(sub) -> None:
         "inside the server's scheduler (install-cpu installs the plugin into the harness; "
         "in any other SGLang 0.5.23 env, `pip install servetwin` does).",
         usage="servetwin live serve-cpu [--prefix DIR] [--start-timeout S] [--policy SPEC] "
-        "[--decision-log F] [SGLang args ...]",
+        "[--decision-log F] [--step-probe PREFIX] [SGLang args ...]",
     )
     add_plugin_args(parser)
+    parser.add_argument(
+        "--step-probe", metavar="PREFIX", default=None,
+        help="time the scheduler loop's CPU work per step into PREFIX.<pid> (servetwin's "
+        "plugin; read by `servetwin live step-cpu --probe PREFIX`)")
     parser.add_argument(
         "--prefix", metavar="DIR", help="the harness venv (default as for install-cpu)"
     )
@@ -135,15 +140,23 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
     from runtime.cpu.serve import CpuServer
 
     try:
+        env = plugin_env_from(args)
+        if args.step_probe:
+            from runtime.plugin.env import step_probe_env
+
+            env |= step_probe_env(args.step_probe)
         server = CpuServer(args.sglang_args, prefix=args.prefix, start_timeout=args.start_timeout,
-                           env=plugin_env_from(args))
-        if args.policy:
+                           env=env)
+        if args.policy or args.step_probe:
             require_plugin(server.harness)
     except HarnessError as exc:
         raise UserError(str(exc)) from exc
     if args.policy:
         print(f"policy {args.policy} through servetwin's plugin"
               + (f"; decision log {args.decision_log}" if args.decision_log else ""), flush=True)
+    if args.step_probe:
+        print(f"step probe: {args.step_probe}.<pid> (`servetwin live step-cpu --url URL "
+              f"--probe {args.step_probe} --out FILE`)", flush=True)
     print(f"starting SGLang on {server.url} (log {server.log_path})", flush=True)
     try:
         server.start()
@@ -163,4 +176,4 @@ def run_serve_cpu(args: argparse.Namespace) -> int:
 
 LIVE_SUBCOMMANDS = [register_install_cpu, register_serve_cpu, register_replay, register_compare,
                     register_command, register_decisions, register_fleet, register_install_vllm,
-                    register_serve_vllm]
+                    register_serve_vllm, register_step_cpu]

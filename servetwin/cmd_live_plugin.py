@@ -102,6 +102,8 @@ def run_decisions(ns: argparse.Namespace) -> int:
 def _plan(question: str, plan) -> str:
     if plan is None:
         return "raised"
+    if question == "chunk":
+        return f"chunk limit {plan.limit} park {plan.park}"
     if question == "order":
         order = list(plan.order or ())
         return f"order {order[:12]}{' ...' if len(order) > 12 else ''}"

@@ -87,6 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "server argument it recorded, device) as the defaults; server flags "
                    "given here override them (the header says which). A CPU-harness "
                    "profile has no GPU: --gpu then asks for another device")
+    s.add_argument("--step-cpu", default=None, metavar="FILE",
+                   help="SGLang's scheduler CPU per step measured on your GPU host (JSON: "
+                   "`benchmarks/step_cpu_cost.py --json` output, or a file with a "
+                   "`step_cpu` section {per_step_s, per_request_s}) for the roofline and "
+                   "opdb step times; default: the CPU harness's 1.086 ms + 18.8 us per "
+                   "request (docs/calibration.md). A fitted step time ignores it")
     s.add_argument("--force", action="store_true",
                    help="use a --calibration profile of another engine version, model or "
                    "device than asked for (warns)")
@@ -160,7 +166,16 @@ def sim_config(ns: argparse.Namespace, args, gpu: str) -> SimConfig:
                      priority_weights=weights, preemption_threshold=ns.preemption_threshold,
                      swap_min_tokens=ns.swap_min_tokens, host_kv_bytes=ns.host_kv_bytes,
                      defrag_every=ns.defrag_every, defrag_threshold=ns.defrag_threshold,
-                     policy=ns.policy, ignore_eos=ns.ignore_eos)
+                     policy=ns.policy, ignore_eos=ns.ignore_eos,
+                     step_cpu=_step_cpu(ns.step_cpu))
+
+
+def _step_cpu(path: str | None):
+    if path is None:
+        return None
+    from twin.perf.step_cpu import load
+
+    return load(path)
 
 
 def run(ns: argparse.Namespace) -> int:

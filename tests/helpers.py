@@ -38,3 +38,23 @@ def run_replica(requests, step_time, concurrency=None, ignore_eos=True, policy=N
     env.run()
     recs = {r["rid"]: r for r in twin_records(rep.finished, rep.step_end)}
     return rep, recs
+
+
+def bias_selector(tmp_path, cfg, pick: int):
+    """A learned selector for preset `cfg` whose one layer has zero weights, so its bias
+    alone picks menu entry `pick` on every pass (a weight file in `tmp_path`)."""
+    import json
+
+    import numpy as np
+
+    from experiments.rl.export import selector_meta
+    from twin.policy.features import feature_names
+    from twin.policy.learned import LearnedPolicy
+
+    n_in, n_out = len(feature_names(cfg.k_slots, cfg.features)), len(cfg.menu)
+    bias = [0.0] * n_out
+    bias[pick] = 1.0
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"meta": selector_meta(cfg), "layers": [
+        {"w": np.zeros((n_out, n_in)).tolist(), "b": bias}]}))
+    return LearnedPolicy(weights=str(path))

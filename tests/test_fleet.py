@@ -6,6 +6,7 @@ Step times are round (prefill 2 s, decode 1 s: `FixedStepTime`) so times are exa
 from __future__ import annotations
 
 import json
+import statistics
 from functools import cache
 
 import simpy
@@ -371,3 +372,47 @@ def test_spec_refuses_bad_router_parameters_and_server_args_with_their_line(tmp_
     with pytest.raises(ConfigError, match=r"d.yaml:4: replicas\[0\].server_args: vllm "
                                           r"max_num_seqs 0: must be an integer >= 1"):
         load_spec(str(p))
+
+
+def test_a_replica_takes_its_own_step_cpu_from_a_file_beside_the_deployment(tmp_path):
+    """`twin: {step_cpu: FILE}` (relative to the deployment file) charges that replica the
+    measured scheduler CPU per step; the other keeps SGLang 0.5.23's default. A bad value
+    names the file, line and field."""
+    import pytest
+
+    from twin.errors import ConfigError
+    from twin.metrics import read_records
+
+    (tmp_path / "slow-host.json").write_text(json.dumps({"per_step_s": 0.02,
+                                                         "per_request_s": 1e-4}))
+    dep = tmp_path / "dep.yaml"
+    dep.write_text("gpu: a100-sxm-80gb\nrouter: round_robin\nreplicas:\n"
+                   "  - {name: fast, step_time_backend: roofline,\n"
+                   "     server_args: {model_path: meta-llama/Llama-3.1-8B}}\n"
+                   "  - {name: slow, step_time_backend: roofline,\n"
+                   "     server_args: {model_path: meta-llama/Llama-3.1-8B},\n"
+                   "     twin: {step_cpu: slow-host.json}}\n")
+    spec = load_spec(str(dep))
+    assert dict(spec.replicas[1].twin)["step_cpu"].per_step_s == 0.02
+    out = tmp_path / "out"
+    from servetwin.cli import main
+
+    assert main(["simulate", "--deployment", str(dep), "--workload",
+                 "arrival=poisson,rate=2,n=40,prompt=fixed:200,output=fixed:30",
+                 "--out", str(out)]) == 0
+    recs = read_records(out / "requests.jsonl")
+    tpot = {name: statistics.mean(r["tpot_s"] for r in recs if r["replica"] == name)
+            for name in ("fast", "slow")}
+    assert all(r["status"] == "ok" for r in recs)
+    # SGLang's overlap loop (the GPU default): a step lasts max(GPU, CPU), so the slow
+    # host's 20 ms of CPU sets every step; the default host's ~1.1 ms hides under the GPU
+    assert tpot["slow"] >= 0.020 > 0.015 > tpot["fast"]
+
+    dep.write_text(dep.read_text().replace("slow-host.json", "{per_step_s: 2}"))
+    with pytest.raises(ConfigError, match=r"dep.yaml:8: replicas\[1\].twin.step_cpu: "
+                                          r"step_cpu: per_step_s=2: must be seconds"):
+        load_spec(str(dep))
+    dep.write_text(dep.read_text().replace("{per_step_s: 2}", "missing.json"))
+    with pytest.raises(ConfigError, match=r"replicas\[1\].twin.step_cpu: step CPU file .*"
+                                          r"missing.json"):
+        load_spec(str(dep))

@@ -64,7 +64,7 @@ def test_prefill_step_is_the_sum_of_its_queried_parts(raw, aic_direct):
     ctx = sum(v[1] for v in handle.evaluate_context_ops(body, batch_size=1, s=n, prefix=0, x=n))
     logits = names.index("context_logits_gemm")
     head = handle.evaluate_generation_ops([logits], batch_size=1, s=1)[0][1]
-    expected = (ctx + head) / 1e3 + raw._eager
+    expected = (ctx + head) / 1e3 + raw._eager + raw._per_request  # scheduler: 1 request
     assert raw.step_time([(n, 0)], []) == pytest.approx(expected, rel=1e-9)
 
 
@@ -74,7 +74,7 @@ def test_decode_step_is_the_sum_of_its_queried_parts(raw, aic_direct):
     assert b in raw.db
     idx = list(range(len(model.generation_ops)))
     parts = handle.evaluate_generation_ops(idx, batch_size=b, s=kv)
-    expected = sum(v[1] for v in parts) / 1e3 + raw._graph
+    expected = sum(v[1] for v in parts) / 1e3 + raw._graph + raw._per_request * b
     assert raw.step_time([], [kv] * b) == pytest.approx(expected, rel=1e-9)
 
 

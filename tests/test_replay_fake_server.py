@@ -28,7 +28,11 @@ def test_bodies_priority_and_records():
     res.check()
     assert res.meta["vocab_source"].startswith("fallback 32000")
     tokens = SegmentTokens(32_000)
-    by_rid = {b["rid"]: b for b in fake.bodies}
+    # the server sees RID.SUFFIX, one suffix per replay (runtime/server_api.py
+    # fresh_rid_suffix); the records keep the workload's ids
+    suffix = res.meta["server_rid_suffix"]
+    assert len(suffix) == 6 and {b["rid"].rsplit(".", 1)[1] for b in fake.bodies} == {suffix}
+    by_rid = {b["rid"].rsplit(".", 1)[0]: b for b in fake.bodies}
     assert by_rid["a0"]["input_ids"][:16] == by_rid["a2"]["input_ids"][:16] == list(
         tokens.segment(7, 16))
     assert [by_rid[r]["priority"] for r in ("a0", "pairs1", "a2")] == [0, 1, 2]

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -174,10 +175,41 @@ def test_ctrl_c_writes_what_was_collected(sglang_server, tmp_path):
     meta = json.loads((out / "replay.json").read_text())
     assert len(recs) == len({r["rid"] for r in recs}) == 200  # every request, once
     assert 0 < meta["sent"] < 200
-    assert {r["status"] for r in recs} <= {"ok", "aborted"} and "ok" in {
-        r["status"] for r in recs}
+    odd = [(r["rid"], r["status"], r.get("error")) for r in recs
+           if r["status"] not in ("ok", "aborted")]
+    assert not odd, odd
+    assert "ok" in {r["status"] for r in recs}
     assert sum(r["status"] == "aborted" for r in recs) >= meta["not_sent"]
     assert json.loads((out / "summary.json").read_text())["partial"]["sent"] == meta["sent"]
+
+
+def test_a_replay_never_meets_an_earlier_request_s_id_on_the_server(sglang_server):
+    """SGLang refuses a `rid` it still holds (HTTP 400, "Duplicate request ID detected"),
+    and an earlier client's request can still be on the server (an interrupted replay's,
+    say). The replay sends RID.SUFFIX, a fresh suffix per replay: a workload reusing the
+    ids of a request in flight is served whole."""
+    def generate(rid: str, stream: bool):
+        body = json.dumps({"rid": rid, "input_ids": list(range(10, 42)), "stream": stream,
+                           "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}})
+        req = urllib.request.Request(sglang_server.url + "/generate", body.encode(),
+                                     {"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=60)
+
+    earlier = generate("r0", stream=True)  # another client's r0, streaming on
+    try:
+        assert earlier.readline().startswith(b"data:")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            generate("r0", stream=False)
+        assert refused.value.code == 400
+        assert "Duplicate request ID" in refused.value.read().decode(errors="replace")
+        wl = Workload("reuse", (Request.make("r0", 0.0, [(5, 20)], 4),
+                                Request.make("r1", 0.1, [(6, 20)], 4)))
+        res = replay(wl, ReplayConfig(url=sglang_server.url, max_lateness_s=60.0,
+                                      flush_cache=False))
+        assert [(r["rid"], r["status"]) for r in res.records] == [("r0", "ok"), ("r1", "ok")]
+        assert len(res.meta["server_rid_suffix"]) == 6
+    finally:
+        earlier.close()
 
 
 def test_server_stalled_then_killed_mid_run(tmp_path, monkeypatch):

@@ -166,7 +166,7 @@ def test_tiny_training_beats_random_actions(tmp_path):
     from experiments.rl.train import TrainConfig, train
 
     torch.set_num_threads(1)
-    res = train(tmp_path, TrainConfig(env="tiny", timesteps=3072, eval_every=3072,
+    res = train(tmp_path, TrainConfig(env="tiny", timesteps=6144, eval_every=6144,
                                       eval_episodes=6, n_steps=128), log=lambda s: None)
     seeds = [1_000_000 + i for i in range(6)]
     learned = mean_stats(evaluate_policy(TINY, LearnedPolicy(
@@ -174,7 +174,7 @@ def test_tiny_training_beats_random_actions(tmp_path):
     randoms = [sum(rollout(SchedulingEnv("tiny"), s, actions_seed=s)[1]) for s in seeds]
     assert learned["return"] > float(np.mean(randoms))
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    assert res["history"][-1]["timesteps"] >= 3072
+    assert res["history"][-1]["timesteps"] >= 6144
 
 
 def test_training_resumes_from_its_checkpoint(tmp_path):

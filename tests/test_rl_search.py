@@ -48,3 +48,13 @@ def test_bad_base_and_objective_are_refused():
         search_episode(TINY, 1, OPTS, "fcfs")
     with pytest.raises(ValueError, match="allowed values: slo, return"):
         search_episode(TINY, 1, OPTS, "hold-documents", "goodput")
+
+
+def test_entries_that_differ_only_by_their_chunk_answer_are_both_tried():
+    # the same order, two chunk answers: every question with a document about is searched
+    from dataclasses import replace
+
+    cfg = replace(TINY, menu=("hold-hopeless@1024x4", "hold-hopeless"))
+    res = search_episode(cfg, 12, OPTS, "hold-hopeless@1024x4", "slo")
+    assert res.searched > 0 and res.rollouts >= 2 * res.searched
+    assert res.stats["requests"] == cfg.family.n

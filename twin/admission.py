@@ -30,6 +30,8 @@ class Adder:
         self.rem_chunk = None if chunk is None else chunk - mixed_bs
         self.can_run: list[tuple[SimRequest, int]] = []  # (request, tokens to extend)
         self.new_chunked: SimRequest | None = None
+        #: the chunked request continues past this pass (its chunk was truncated)
+        self.continuing = False
 
     def _reserved_sum(self, running: list[SimRequest]) -> float:
         """sum(reserved(r) for r in running). With every request `ignore_eos` each term
@@ -75,6 +77,7 @@ class Adder:
         ext = min(left, rem) if rem is not None else left
         self.can_run.append((req, ext))
         self._take(ext, 0 if truncated else min(req.remaining, C.CLIP_MAX_NEW_TOKENS))
+        self.continuing = truncated
         return req if truncated else None
 
     def add_one(self, req: SimRequest) -> str:
@@ -104,9 +107,17 @@ class Adder:
             self._take(extend, future)
         else:
             trunc = self.rem_chunk // self.rep.page * self.rep.page
-            if trunc <= 0:
+            if trunc <= 0 or self.continuing:  # SGLang tracks one unfinished chunked
+                # request: under a cap (spf's, or a chunk answer's) budget is left after a
+                # truncated chunk, and SGLang refuses a second one (`OTHER`)
                 self.rep.unlock(req)
                 return OTHER
+            limit = self.rep.first_chunk_limit(req)
+            if limit is not None and limit < self.rem_chunk:
+                # the pass's chunk budget becomes the cap: the chunk spends it, the pass
+                # ends (the plugin lowers SGLang's `rem_chunk_tokens` the same way)
+                self.rem_chunk = limit
+                trunc = limit
             self.can_run.append((req, trunc))
             self.new_chunked = req
             self._take(trunc, self.rep.host_hit(req))

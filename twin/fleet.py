@@ -357,10 +357,13 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str,
     # (calibration is the replica's own key)
     sim_fields = {f.name for f in fields(SimConfig)} - {"args", "gpu", "step_time_backend",
                                                         "horizon_s", "calibration"}
+    twin = dict(twin)
     for k in twin:
         if engine != "sglang" or k not in sim_fields:
             raise where.err(f"{at}.twin.{k}", f"allowed: {', '.join(sorted(sim_fields))} "
                             "(sglang replicas)")
+        if k == "step_cpu":
+            twin[k] = _step_cpu(where, f"{at}.twin.{k}", twin[k])
         if k == "kv_allocator":
             from twin.memory import allocator_names
 
@@ -375,6 +378,25 @@ def _replica_specs(where: _Where, at: str, rep, pool: str, gpu: str,
     return [ReplicaSpec(n, pool, engine, rep.get("gpu", gpu), tuple(sorted(args.items())),
                         rep.get("step_time_backend"), tuple(sorted(twin.items())), cal)
             for n in names]
+
+
+def _step_cpu(where: _Where, at: str, value):
+    """`step_cpu: FILE` (`benchmarks/step_cpu_cost.py --json` output or a profile with a
+    `step_cpu` section; relative to the deployment file) or `{per_step_s, per_request_s}`."""
+    from twin.perf.step_cpu import from_dict, load
+
+    try:
+        if isinstance(value, dict):
+            return from_dict(value, "step_cpu")
+        if isinstance(value, str) and value:
+            path = Path(value)
+            if not path.is_absolute() and Path(where.path).is_file():
+                path = Path(where.path).resolve().parent / path  # as calibration: FILE
+            return load(path)
+    except ServetwinError as exc:
+        raise where.err(at, str(exc)) from None
+    raise where.err(at, f"{value!r}: must be a JSON file of the step CPU cost or a mapping "
+                    "{per_step_s, per_request_s} (seconds)")
 
 
 def _engine_args(engine: str) -> set[str]:
@@ -393,7 +415,8 @@ class Kinds:
         self.cache: dict[tuple, tuple] = {}
 
     def sglang(self, cfg: SimConfig):
-        key = ("sglang", cfg.gpu, cfg.args, cfg.step_time_backend, cfg.calibration)
+        key = ("sglang", cfg.gpu, cfg.args, cfg.step_time_backend, cfg.calibration,
+               cfg.step_cpu)
         if key not in self.cache:
             cap = derive_capacity(cfg.args, cfg.gpu)
             st = step_time_for(cfg, cap)

@@ -8,8 +8,10 @@ their sum. `--disable-overlap-schedule` (the CPU harness runs that way) is the p
 where the two add up.
 
 `OverlapStepTime` wraps a step-time backend whose `breakdown` names the CPU part
-`overhead` (scheduler plus kernel launches, smaller under a CUDA graph: `opdb`,
-`roofline`): a step is `max(total - overhead, overhead)`. A backend fitted to a live
+`overhead` (SGLang's scheduler CPU, a part per step and a part per request in the batch,
+measured: twin/perf/step_cpu.py; plus kernel launches, smaller under a CUDA graph:
+`opdb`, `roofline`): a step is `max(total - overhead, overhead)`, so a large batch of a
+small model on fast GPUs can be CPU-bound. A backend fitted to a live
 server already measured whichever loop that server ran, and is not wrapped.
 """
 

@@ -27,6 +27,7 @@ from twin.chunk_cache import cache_chunk
 from twin.config import Capacity, ServerArgs
 from twin.decider import Decider, PolicyDecider
 from twin.decode_cut import CutRuns
+from twin.errors import ServetwinError
 from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
 from twin.memory_stats import fragmentation_columns
@@ -34,6 +35,8 @@ from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
 from twin.perf.step_cache import memo_for
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
+from twin.policy.base import ChunkPlan
+from twin.policy.check import validate_chunk_plan
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
@@ -97,6 +100,12 @@ class Replica(Inbox, KVMemory, CutRuns):
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.chunked: SimRequest | None = None
+        #: the policy's answer for the chunk due: (request, its computed tokens, plan, the
+        #: decode step count `n_dec_steps` its decode-only passes end at); stale once that
+        #: chunk ran (`_chunk_parked`). A run cut short gives its steps back to the count,
+        #: and so to the park (twin/decode_cut.py)
+        self._chunk_due: tuple[SimRequest, int, ChunkPlan, int] | None = None
+        self._park_until = 0  # this pass parks: its decode run ends at this step count
         self.finished: list[SimRequest] = []
         self.batch_full = False
         self.shrunk = False  # the running batch lost requests since the last pass
@@ -282,6 +291,8 @@ class Replica(Inbox, KVMemory, CutRuns):
             self.batch_full = False  # SGLang resets it to try preemption each pass
         if self.chunked is not None:
             self.batch_full = False  # SGLang frees the chunked request's slot each pass
+            if self.policy.chunks and self._chunk_parked():
+                return None  # a decode-only pass: the chunk sits out, nobody is admitted
         elif not self.waiting or self.batch_full:
             return None
         running_bs = len(self.running)
@@ -328,14 +339,58 @@ class Replica(Inbox, KVMemory, CutRuns):
         return adder.can_run
 
     def _chunk_limit(self, adder: Adder) -> int | None:
-        limit = getattr(self.policy, "chunk_limit", None)
-        if limit is None or self.chunked is None:
-            return None
         r = self.chunked
+        if r is None:
+            return None
+        own = None
+        if self.policy.chunks:  # the chunk question's cap; the next chunk asks anew
+            due, self._chunk_due = self._chunk_due, None
+            if due is not None and due[0] is r and due[1] == r.computed:
+                own = due[2].limit
+        limit = getattr(self.policy, "chunk_limit", None)
+        if limit is None:
+            return own
         ratio = self.new_token_ratio
-        return limit(replace(view(r, ratio, False), prefix_len=r.computed),
-                     tuple(view(w, ratio, False) for w in self.waiting),
-                     adder.rem_chunk or 0, self.page)
+        cap = limit(self._chunked_view(r), tuple(view(w, ratio, False) for w in self.waiting),
+                    adder.rem_chunk or 0, self.page)
+        return own if cap is None else cap if own is None else min(cap, own)
+
+    def _chunk_parked(self) -> bool:
+        """Whether this pass is one of the decode-only passes the policy asked for before
+        the chunk due (`ChunkPlan.park`); asks the chunk question once per chunk."""
+        r = self.chunked
+        due = self._chunk_due
+        if due is None or due[0] is not r or due[1] != r.computed:
+            plan = self._ask_chunk(r)
+            due = self._chunk_due = (r, r.computed, plan, self.n_dec_steps + plan.park)
+        parked = bool(self.running) and due[3] > self.n_dec_steps
+        self._park_until = due[3] if parked else 0
+        return parked
+
+    def first_chunk_limit(self, r: SimRequest) -> int | None:
+        """The chunk question for a prompt's first chunk, asked when admission would cut
+        `r` (a policy with `chunks`): its `limit`, page-aligned, caps that chunk; `park`
+        does not apply (`r` is not running yet: holding it back is the order's question)."""
+        if not self.policy.chunks:
+            return None
+        plan = self._ask_chunk(r, view(r, self.new_token_ratio, False))
+        if plan.limit is None:
+            return None
+        return max(self.page, plan.limit // self.page * self.page)
+
+    def _chunked_view(self, r: SimRequest):
+        """The chunked request's view: `prefix_len` is its tokens computed so far."""
+        return replace(view(r, self.new_token_ratio, False), prefix_len=r.computed)
+
+    def _ask_chunk(self, r: SimRequest, seen=None) -> ChunkPlan:
+        plan = self.policy.chunk(self.snapshot(self.env.now),
+                                 self._chunked_view(r) if seen is None else seen,
+                                 self.cap.chunked_prefill_size or 0, self.page)
+        why = validate_chunk_plan(plan, self.page)
+        if why:
+            raise ServetwinError(f"policy {self.policy.name!r} broke its contract at "
+                                 f"t={self.env.now}: chunk question: {why}")
+        return plan
 
     def snapshot(self, now: float, candidate: int | None = None,
                  tokens_needed: float = 0.0) -> Snapshot:
@@ -518,6 +573,9 @@ class Replica(Inbox, KVMemory, CutRuns):
         k_mem = room // b if self._counts_only else self.alloc.decode_steps(
             [r.index for r in running], room)
         k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
+        if self._park_until:  # decode-only passes before a chunk: one step each
+            k = min(k, self._park_until - self.n_dec_steps)
+            self._park_until = 0
         kv0 = sum([r.prompt_tokens + r.generated_tokens for r in running])
         cut = self._may_cut(b, k)  # in a fleet: end at own submits only (twin/decode_cut.py)
         limit = self._next_boundary(arrivals=not cut)

@@ -107,3 +107,112 @@ def client_view(records: list[dict], path: RequestPath) -> list[dict]:
                 rec[key] = round(rec[key] + path.egress_s, 6)
         out.append(rec)
     return out
+
+
+@dataclass(frozen=True)
+class OutputPath:
+    """SGLang's way out as two single servers in a row, each taking one message per
+    scheduler step (the step's requests that got a token) first come, first served: the
+    detokenizer (`event_loop`: one `BatchTokenIDOutput` at a time) and the tokenizer
+    manager (`handle_loop` -> `_handle_batch_output`, which walks the message request by
+    request and every `batch_notify_size` = 16 requests wakes their stream handlers and
+    yields to them, so each handler writes its chunk while the message is handled: from 16
+    requests on, a tokenizer manager slower than the step does not coalesce steps, it
+    falls behind; below 16 nothing yields between queued messages and the handlers take
+    two or more steps a chunk, measured live, which is not modelled: the cost there is
+    small). Seconds per message and per request in it; the client sees a message's tokens
+    when the tokenizer manager reaches the message's mean request. Not in the twin's
+    default run: a post-process of records (`through_output_path`), for the question of
+    docs/calibration.md `serving-points:output-path`."""
+
+    detok_per_message_s: float = 0.0
+    detok_per_request_s: float = 0.0
+    tm_per_message_s: float = 0.0
+    tm_per_request_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("detok_per_message_s", "detok_per_request_s", "tm_per_message_s",
+                     "tm_per_request_s"):
+            check(f"output path {name}", getattr(self, name), NON_NEGATIVE)
+
+    def visible(self, sent: list[float], counts: list[int]) -> tuple[list[float], float]:
+        """When the client sees the tokens of each message (`sent`: the step ends, in
+        order; `counts`: requests in each), and the tokenizer manager's busy seconds."""
+        free_d = free_t = busy = 0.0
+        out = []
+        for t, n in zip(sent, counts, strict=True):
+            free_d = max(t, free_d) + self.detok_per_message_s + self.detok_per_request_s * n
+            start = max(free_d, free_t)
+            cost = self.tm_per_message_s + self.tm_per_request_s * n
+            free_t, busy = start + cost, busy + cost
+            out.append(start + self.tm_per_message_s + self.tm_per_request_s * (n + 1) / 2)
+        return out, busy
+
+
+def token_times(rec: dict) -> list[float]:
+    """A record's token times on the server's clock (arrival + TTFT, then the gaps)."""
+    if rec.get("ttft_s") is None:
+        return []
+    times = [rec["arrival_s"] + rec["ttft_s"]]
+    for gap in rec.get("itl_s") or ():
+        times.append(times[-1] + gap)
+    return times
+
+
+def steps_of(records: list[dict], gap_s: float = 1e-4) -> tuple[list[float], list[int],
+                                                                  list[list[int]]]:
+    """The scheduler steps the records' tokens came from: token times (rounded in the
+    records) closer than `gap_s` are one step. Returns each step's time and request count
+    and, per record, the step index of each of its tokens."""
+    per = [token_times(rec) for rec in records]
+    flat = sorted((t, i, k) for i, ts in enumerate(per) for k, t in enumerate(ts))
+    times: list[float] = []
+    counts: list[int] = []
+    index = [[0] * len(ts) for ts in per]
+    last = None
+    for t, i, k in flat:
+        if last is None or t - last > gap_s:
+            times.append(t)
+            counts.append(0)
+        last = t
+        counts[-1] += 1
+        index[i][k] = len(times) - 1
+    return times, counts, index
+
+
+def through_output_path(records: list[dict], path: OutputPath) -> tuple[list[dict], float]:
+    """Records as the client sees them behind `path` (every token at its message's
+    `visible` time; TTFT, ITL, TPOT and E2E from those), and the tokenizer manager's
+    utilisation (busy seconds over the span from the first step to the last). The
+    requests' send times do not move: a post-process, so a closed loop's next request is
+    not held back by a late final chunk (when the utilisation reaches 1 the backlog grows
+    without the clients' feedback, an upper bound)."""
+    times, counts, index = steps_of(records)
+    if not times:
+        return list(records), 0.0
+    seen, busy = path.visible(times, counts)
+    span = max(seen[-1], times[-1]) - times[0]
+    out = []
+    for rec, idx in zip(records, index, strict=True):
+        rec = dict(rec)
+        if idx:
+            vis = [seen[j] for j in idx]
+            ttft = vis[0] - rec["arrival_s"]
+            rec["ttft_s"] = round(ttft, 6)
+            rec["itl_s"] = [round(b - a, 6) for a, b in zip(vis, vis[1:], strict=False)]
+            if rec.get("e2e_s") is not None:
+                e2e = vis[-1] - rec["arrival_s"]
+                rec["e2e_s"] = round(e2e, 6)
+                if len(vis) > 1:
+                    rec["tpot_s"] = round((e2e - ttft) / (len(vis) - 1), 6)
+        out.append(rec)
+    return out, busy / span if span > 0 else 0.0
+
+
+# Measured on the CPU harness (SGLang 0.5.23; `python benchmarks/output_path_cost.py`,
+# 2026-12-01 23:13 UTC, load average 1.6-4.9; docs/calibration.md `serving-points:output-path`):
+# per decode step's message, the detokenizer's thread CPU and the tokenizer manager's process
+# CPU (/proc), fitted a + b x requests over bursts of 16-512 streamed requests (an earlier run
+# at 16 and 64: 1.70 ms + 92.3 us). Not in the twin's default run (see the docs section).
+SGLANG_0_5_23_OUT = OutputPath(detok_per_message_s=0.221e-3, detok_per_request_s=8.28e-6,
+                               tm_per_message_s=0.642e-3, tm_per_request_s=92.9e-6)

@@ -20,6 +20,7 @@ from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_reco
 from twin.outputs import atomic_write_text, atomic_writer
 from twin.overlap import OverlapStepTime, overlaps
 from twin.perf import StepTimeModel, default_step_time, make_step_time
+from twin.perf.step_cpu import StepCpu, charged
 from twin.policy import Policy, PolicyError, make_policy, policy_class, read_spec
 from twin.policy import build_policy as build_from_spec
 from twin.policy.sglang import CacheAware
@@ -66,6 +67,9 @@ class SimConfig:
     # or a --calibration profile's own (none if it has none), or none with a fitted step
     # time (validate adds its own path)
     request_path: RequestPath | None = None
+    # SGLang's scheduler CPU per step (twin/perf/step_cpu.py) for the roofline and opdb
+    # backends; None: the CPU harness's measurement (their default)
+    step_cpu: StepCpu | None = None
 
     def path_for(self, step_time: StepTimeModel) -> RequestPath:
         if self.request_path is not None:
@@ -94,6 +98,9 @@ class SimConfig:
             raise ConfigError(f"--defrag-threshold {self.defrag_threshold}: must be in [0, 1)")
         if self.host_kv_bytes < 0:
             raise ConfigError(f"--host-kv-bytes {self.host_kv_bytes}: must be >= 0")
+        if self.step_cpu is not None and not isinstance(self.step_cpu, StepCpu):
+            raise ConfigError(f"step_cpu {self.step_cpu!r}: must be a StepCpu "
+                              "(twin.perf.step_cpu.load reads one from --step-cpu FILE)")
 
 
 # The twin-only numbers, by flag: finite, integral where they count, in range.
@@ -161,9 +168,9 @@ def step_time_for(cfg: SimConfig, cap: Capacity) -> StepTimeModel:
         from twin.perf.fitted import profile_step_time
 
         return profile_step_time(cfg.calibration, cap, cfg.args)
-    if cfg.step_time_backend:
-        return make_step_time(cfg.step_time_backend, cap, cfg.args)
-    return default_step_time(cap, cfg.args)
+    st = (make_step_time(cfg.step_time_backend, cap, cfg.args) if cfg.step_time_backend
+          else default_step_time(cap, cfg.args))
+    return charged(st, cfg.step_cpu) if cfg.step_cpu else st
 
 
 def make_replica(env: simpy.Environment, cfg: SimConfig,

@@ -15,7 +15,7 @@ import numpy as np
 
 from twin.config import ServerArgs
 from twin.policy.features import K_SLOTS, SloTargets, check_feature_set
-from twin.policy.menu import ALL_RULES, MENU
+from twin.policy.menu import MENU, check_chunk_answer, check_menu
 from twin.sim import SimConfig
 from twin.workload import Request, SegmentIds, Workload
 
@@ -86,6 +86,11 @@ class EnvConfig:
     #: SGLang's shortest-prefill-first chunk cap on top of every order (live: a server
     #: started with --schedule-policy shortest-prefill-first)
     chunk_cap: bool = False
+    #: the chunk answer on top of every choice, (chunk_tokens, park_steps): while short
+    #: questions wait or run a document's chunk is capped, and while they decode that many
+    #: decode-only passes run before each chunk (twin/policy/deadline.py
+    #: `short_question_chunks`; live through the plugin on any --schedule-policy)
+    chunk_answer: tuple[int, int] | None = None
     #: the plan rules' prefill model [s_per_chunk, s_per_token, s_per_token_ctx, chunk]
     #: (twin/policy/deadline.py; None: fitted to the users' deployment)
     prefill: tuple[float, float, float, int] | None = None
@@ -98,10 +103,9 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         check_feature_set(self.features)
-        bad = [m for m in self.menu if m not in ALL_RULES]
-        if bad or not self.menu:
-            raise ValueError(f"menu {list(self.menu)}: entries must be among "
-                             f"{', '.join(ALL_RULES)}")
+        if self.chunk_answer is not None:
+            check_chunk_answer(self.chunk_answer, "chunk_answer")
+        check_menu(self.menu)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -110,6 +114,8 @@ class EnvConfig:
         for key, default in (("chunked_prefill_size", None), ("enable_mixed_chunk", False)):
             if dep[key] == default:
                 del dep[key]
+        if d["chunk_answer"] is None:  # older runs' configs match
+            del d["chunk_answer"]
         return d
 
     @classmethod
@@ -120,6 +126,7 @@ class EnvConfig:
                    targets=SloTargets.from_json(d["targets"]), menu=tuple(d["menu"]),
                    k_slots=d["k_slots"], features=d.get("features", "pass-v1"),
                    chunk_cap=d.get("chunk_cap", False),
+                   chunk_answer=tuple(d["chunk_answer"]) if d.get("chunk_answer") else None,
                    prefill=tuple(d["prefill"]) if d.get("prefill") else None,
                    capacity_rps=d["capacity_rps"],
                    min_gap_s=d["min_gap_s"], drain_factor=d["drain_factor"])
@@ -141,6 +148,14 @@ HOLD_MENU = ("spf", "deadline", "hold-hopeless", "laxity", "hold-documents")
 ADMIT_MENU = ("laxity", "hold-documents", "hold-hopeless")
 #: every deadline variant (the four withholding modes) and spf's plain order
 DEADLINE_MENU = ("hold-documents", "laxity", "hold-hopeless", "deadline", "spf")
+#: two orders, each with three chunk answers: short questions first (256 tokens, 4
+#: decode-only passes per chunk), balanced (512 x 4), documents first (1024 x 8)
+CHUNK_MENU = tuple(f"{rule}@{answer}" for rule in ("hold-hopeless", "deadline")
+                   for answer in ("256x4", "512x4", "1024x8"))
+#: the chunk answer as a time budget (docs/rl.md "The chunk answer as a time"): the rules
+#: with the best SLO and return at 150 % and two budgets beside the chosen 0.3 s
+BUDGET_MENU = ("hold-hopeless@0.3sx8", "deadline@0.3sx8", "hold-hopeless@0.2sx8",
+               "hold-hopeless@0.4sx8")
 PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=True),
            "finance-qa-hold": EnvConfig(menu=HOLD_MENU, chunk_cap=True),
            "finance-qa-admit": EnvConfig(menu=ADMIT_MENU, chunk_cap=True),
@@ -149,8 +164,17 @@ PRESETS = {"finance-qa": EnvConfig(), "finance-qa-capped": EnvConfig(chunk_cap=T
            "finance-qa-deadline": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True),
            "finance-qa-deadline-v2": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True,
                                                features="pass-v2"),
+           "finance-qa-chunks": EnvConfig(menu=DEADLINE_MENU, chunk_cap=True,
+                                          features="pass-v2", chunk_answer=(512, 8)),
+           # the chunk answer chosen per pass with the order (menu entries RULE@TOKENSxPARK)
+           "finance-qa-chunks-v2": EnvConfig(menu=CHUNK_MENU, chunk_cap=True,
+                                             features="pass-v2"),
+           "finance-qa-budget-v2": EnvConfig(menu=BUDGET_MENU, chunk_cap=True,
+                                             features="pass-v2"),
            "tiny": TINY, "tiny-hold": replace(TINY, menu=HOLD_MENU, chunk_cap=True),
-           "tiny-v2": replace(TINY, menu=DEADLINE_MENU, chunk_cap=True, features="pass-v2")}
+           "tiny-v2": replace(TINY, menu=DEADLINE_MENU, chunk_cap=True, features="pass-v2"),
+           "tiny-chunks": replace(TINY, menu=DEADLINE_MENU, chunk_cap=True, features="pass-v2",
+                                  chunk_answer=(1024, 4))}
 
 
 def preset(name: str, **changes) -> EnvConfig:

@@ -25,8 +25,10 @@ from twin.decider import AgentDecider, PolicyDecider
 from twin.metrics import twin_records
 from twin.perf import StepTimeModel
 from twin.policy import Plan, Policy, Snapshot
+from twin.policy.base import ChunkPlan
+from twin.policy.deadline import answer_chunk, model_of
 from twin.policy.features import SloTargets
-from twin.policy.menu import prefill_params, rule_plan
+from twin.policy.menu import entry_chunk_answers, prefill_params, rule_plan
 from twin.policy.sglang import ShortestPrefillFirst
 from twin.replica import Replica
 from twin.sim import build_replica
@@ -82,12 +84,24 @@ class HeldChoice(Policy):
     name = "held-choice"
 
     def __init__(self, menu: tuple[str, ...], targets: SloTargets,
-                 chunk_cap: bool = False, prefill: list | None = None) -> None:
+                 chunk_cap: bool = False, prefill: list | None = None,
+                 chunk_answer: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.menu, self.targets, self.choice = menu, targets, 0
         self.prefill = prefill_params(prefill)
+        self.model = model_of(self.prefill)  # for budget chunk answers
         if chunk_cap:
             self.chunk_limit = ShortestPrefillFirst.chunk_limit
+        #: each entry's chunk answer: its own (`RULE@TOKENSxPARK`), else `chunk_answer`
+        self.chunk_answers = entry_chunk_answers(menu, chunk_answer)
+        self.chunks = any(a is not None for a in self.chunk_answers)
+        #: whether the entries differ in their chunk answers (then the choice matters
+        #: while a document prefills, even where the orders agree)
+        self.chunk_choice = len(set(self.chunk_answers)) > 1
+
+    def chunk(self, snap: Snapshot, chunked, budget: int, page_size: int) -> ChunkPlan:
+        return answer_chunk(self.targets, snap, self.chunk_answers[self.choice], page_size,
+                            chunked, budget, self.model)
 
     def wants_prefix_match(self, n_waiting: int) -> bool:
         return True
@@ -113,7 +127,8 @@ class Episode:
                  capacity_rps: float) -> None:
         self.cfg = cfg
         self.env = simpy.Environment()
-        self.held = HeldChoice(cfg.menu, cfg.targets, cfg.chunk_cap, cfg.prefill)
+        self.held = HeldChoice(cfg.menu, cfg.targets, cfg.chunk_cap, cfg.prefill,
+                               cfg.chunk_answer)
         self.decider = AgentDecider(self.env, self.held, takes=self._takes)
         sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
         self.rep, _ = build_replica(self.env, wl, sim, step_time, decider=self.decider)
@@ -129,6 +144,9 @@ class Episode:
             return False
         if self._last_t is not None and snap.now - self._last_t < self.cfg.min_gap_s:
             return False
+        if self.held.chunk_choice and (self.rep.chunked is not None or any(
+                self.cfg.targets.is_document(r.prompt_tokens) for r in snap.waiting)):
+            return True  # the entries' chunk answers differ and a document is about
         first = self.held.rule_plan(snap, 0)
         return any(self.held.rule_plan(snap, c) != first for c in range(1, len(self.cfg.menu)))
 

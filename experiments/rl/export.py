@@ -34,7 +34,8 @@ def selector_meta(cfg: EnvConfig) -> dict:
     return {"kind": "selector", "features": cfg.features, "k_slots": cfg.k_slots,
             "menu": list(cfg.menu), "targets": cfg.targets.to_json(),
             "chunk_cap": cfg.chunk_cap, **({"prefill": list(cfg.prefill)} if cfg.prefill
-                                           else {})}
+                                           else {}),
+            **({"chunks": list(cfg.chunk_answer)} if cfg.chunk_answer else {})}
 
 
 def export_selector(layers, cfg: EnvConfig, path: Path, about: dict | None = None) -> Path:

@@ -9,7 +9,14 @@ its chunk cap to whatever order the plugin gives): `shortest-prefill-first` itse
 natively, the others through the plugin; the twin simulates each run at its live send
 times with the same spec. The deadline policy's prefill model is fitted to the calibrated
 step times (`fit_prefill`), and the learned policy's weight file is re-stamped with the
-CPU scale's targets and prefill model (`restamp`): its network is unchanged.
+CPU scale's targets and prefill model (`restamp`): its network is unchanged. Chunk answers
+(`deadline:MODE+chunks`, a learned menu's `RULE@TOKENSxPARK` entries) keep their
+decode-only passes and scale their chunk tokens by the server's chunk budget over the users'
+8,192 (`scaled_answer`), so a capped chunk is the same share of a full chunk; the time
+budget of `deadline:MODE+budget` rules is scaled by a full fresh chunk's step
+(`scaled_budget`). The deadline rules' prefill model here has the square term
+(`fit_prefill(square=True)`: this server's attention computes each chunk's whole causal
+square), and so has the re-stamped learned file's.
 
 Withholding (`Plan.admit`) is applied by the plugin (it stops SGLang's admission loop at
 the first withheld request); `plugin_tree` points the servers at another source tree's
@@ -35,6 +42,34 @@ CPU_FAMILY = FamilySpec(n=60, load=(1.5, 1.5), burst_cv=(2.0, 2.0), system_token
                         doc_tokens=(1_000, 2_000), long_tokens=(2_500, 4_000),
                         template_tokens=256)
 DOC_TOKENS = 800
+#: the users' deployment's chunk budget, which the chunk answers' tokens are relative to
+USERS_CHUNK = 8192
+#: the chunk answer the rules run with live (the users' scale; `scaled_answer`)
+LIVE_CHUNK_ANSWER = (256, 4)
+
+
+def scaled_answer(tokens: int, park: int, chunk: int) -> tuple[int, int]:
+    """A chunk answer at the users' scale moved to a server with chunk budget `chunk`."""
+    return (max(8, round(tokens * chunk / USERS_CHUNK)) if tokens else 0), park
+
+
+def scaled_menu(menu: list[str], chunk: int, budget_scale: float = 1.0) -> list[str]:
+    """The menu's chunk answers at this server's scale: token caps by `scaled_answer`,
+    time budgets times `budget_scale` (this server's full fresh chunk step over the
+    users', `scaled_budget`)."""
+    from twin.policy.deadline import BudgetAnswer
+    from twin.policy.menu import menu_entry
+
+    out = []
+    for entry in menu:
+        rule, answer = menu_entry(entry)
+        if isinstance(answer, BudgetAnswer):
+            entry = f"{rule}@{round(answer.seconds * budget_scale, 4):g}sx{answer.park}"
+        elif answer is not None:
+            t, k = scaled_answer(*answer, chunk)
+            entry = f"{rule}@{t}x{k}"
+        out.append(entry)
+    return out
 
 
 def step_model(info: dict, prof: dict):
@@ -48,18 +83,31 @@ def step_model(info: dict, prof: dict):
     return from_step_time_section(prof["step_time"], cap, args), cap
 
 
-def fit_prefill(step, chunk: int) -> list[float]:
+def fit_prefill(step, chunk: int, square: bool = False) -> list[float]:
     """[s_per_chunk, s_per_token, s_per_token_ctx, chunk] fitted (least squares) to the
-    step model's prefill steps of 64..chunk tokens after 0..6,000 cached."""
+    step model's prefill steps of 32..chunk tokens after 0..6,000 cached; with `square`,
+    s_per_ctx_sq after them (the chunk's causal square, context included: the CPU
+    harness's torch_native attention, where a chunk deep in a prompt costs its context)."""
     rows, y = [], []
-    for n in sorted({64, 256, chunk // 2, chunk}):
-        for c in (0, 1000, 3000, 6000):
-            rows.append([1.0, n, n * (c + n / 2)])
+    for n in sorted({32, 64, 256, chunk // 2, chunk}):
+        for c in (0, 1000, 2000, 3000, 6000):
+            rows.append([1.0, n, n * (c + n / 2)] + ([(c + n) ** 2] if square else []))
             y.append(step.step_time([(n, c)], []))
     from scipy.optimize import nnls
 
     coef = nnls(np.array(rows), np.array(y))[0]  # every term a cost: none negative
-    return [float(coef[0]), float(coef[1]), float(coef[2]), int(chunk)]
+    out = [float(coef[0]), float(coef[1]), float(coef[2]), int(chunk)]
+    return out + [float(coef[3])] if square else out
+
+
+def scaled_budget(budget_s: float, step, chunk: int) -> float:
+    """A chunk budget at the users' scale (seconds) moved to this server: the same share of
+    a full fresh chunk's step (theirs: 8,192 tokens on their prefill model; here: `chunk`
+    on the calibrated step model), as `scaled_answer` keeps a token cap's share."""
+    from twin.policy.deadline import S_PER_CHUNK, S_PER_TOKEN, S_PER_TOKEN_CTX, prefill_s
+
+    theirs = prefill_s(USERS_CHUNK, 0, USERS_CHUNK, S_PER_CHUNK, S_PER_TOKEN, S_PER_TOKEN_CTX)
+    return round(budget_s * step.step_time([(chunk, 0)], []) / theirs, 4)
 
 
 def doc_prefill_s(step, tokens: int, chunk: int) -> float:
@@ -101,13 +149,19 @@ def capacity(info: dict, prof: dict, family: FamilySpec = CPU_FAMILY) -> float:
     return summarize(records)["throughput"]["requests_per_s"]
 
 
-def restamp(src: Path, dst: Path, targets: SloTargets, prefill: list[float]) -> Path:
-    """A copy of a selector weight file with the CPU scale's targets and prefill model."""
+def restamp(src: Path, dst: Path, targets: SloTargets, prefill: list[float],
+            budget_scale: float = 1.0) -> Path:
+    """A copy of a selector weight file with the CPU scale's targets and prefill model (and
+    its budget entries scaled by `budget_scale`)."""
     from twin.policy.learned import read_safetensors_meta, write_safetensors
 
     tensors, raw = read_safetensors_meta(src)
     meta = json.loads(raw["servetwin"])
     meta["targets"], meta["prefill"] = targets.to_json(), list(prefill)
+    chunk = int(prefill[3])
+    meta["menu"] = scaled_menu(meta["menu"], chunk, budget_scale)
+    if meta.get("chunks"):
+        meta["chunks"] = list(scaled_answer(*meta["chunks"], chunk))
     write_safetensors(dst, tensors, {"servetwin": json.dumps(meta, sort_keys=True)})
     return dst
 
@@ -150,30 +204,53 @@ def rebuild(out: Path) -> dict:
 
 
 def spec_files(out: Path, targets: SloTargets, prefill: list[float],
-               learned: str | None) -> dict[str, str]:
-    """label -> policy spec (a file for the parameterised ones)."""
+               learned: str | None, chunk_answer: tuple[int, int] | None = None,
+               budget: tuple[float, int] | None = None, budget_scale: float = 1.0
+               ) -> dict[str, str]:
+    """label -> policy spec (a file for the parameterised ones). `prefill` the deadline
+    rules' model (`fit_prefill`, with or without its square term); `chunk_answer`
+    (tokens, park) at the server's scale for the `+chunks` rules, None: the users' answer
+    scaled (`scaled_answer`); `budget` (seconds, park) at the server's scale for the
+    `+budget` rules, None: none of them; `budget_scale` moves a learned menu's budget
+    entries to this server."""
     from twin.policy import read_spec
+    from twin.policy.menu import prefill_params
 
     specs = {"shortest-prefill-first": "shortest-prefill-first"}
     t = targets.to_json()
     (out / "targets.json").write_text(json.dumps(t))
-    keys = ("s_per_chunk", "s_per_token", "s_per_token_ctx", "chunk")
+    base = {**t, **prefill_params(prefill), "chunk_cap": True}
+
+    def deadline(label: str, name: str, **params) -> None:
+        p = out / f"{name}.json"
+        p.write_text(json.dumps({"name": "deadline", "params": {**params, **base}}))
+        specs[label] = str(p)
+
     for mode in ("laxity", "documents"):
-        p = out / f"deadline-{mode}.json"
-        p.write_text(json.dumps({"name": "deadline", "params": {
-            "withhold": mode, **t, **dict(zip(keys, prefill, strict=True)),
-            "chunk_cap": True}}))
-        specs[f"deadline:{mode}"] = str(p)
+        deadline(f"deadline:{mode}", f"deadline-{mode}", withhold=mode)
+    tokens, park = chunk_answer or scaled_answer(*LIVE_CHUNK_ANSWER, int(prefill[3]))
+    for mode in ("hopeless", "documents"):  # the same rules with the chunk answer
+        deadline(f"deadline:{mode}+chunks{tokens}x{park}",
+                 f"deadline-{mode}-chunks{tokens}x{park}", withhold=mode,
+                 chunk_tokens=tokens, park_steps=park)
+    if budget is not None:
+        seconds, park = budget
+        for mode in ("hopeless", "documents"):  # the cap as a time (deadline.budget_limit)
+            deadline(f"deadline:{mode}+budget{seconds:g}x{park}",
+                     f"deadline-{mode}-budget{seconds:g}x{park}", withhold=mode,
+                     chunk_budget_s=seconds, park_steps=park)
     if learned:
         src = Path(read_spec(learned).params["weights"])
         specs["learned"] = "learned:" + str(restamp(src, out / "learned-cpu.safetensors",
-                                                    targets, prefill))
+                                                    targets, prefill, budget_scale))
     return specs
 
 
 def run(out: Path, load: float = 1.5, budget_s: float = 60, learned: str | None = None,
         plugin_tree: Path | None = None, only: list[str] | None = None, reuse: bool = True,
-        seeds: tuple[int, ...] = (7, 8, 9), log=print) -> dict:
+        seeds: tuple[int, ...] = (7, 8, 9), log=print,
+        chunk_answer: tuple[int, int] | None = None,
+        budget: tuple[float, int] | None = None) -> dict:
     """Calibrate (or reuse `out`'s calibration), size the workloads (one per seed), then
     each policy (or those labelled in `only`) live and in the twin on each; results merge
     into `out/result.json` (per seed, and the means over seeds)."""
@@ -198,18 +275,28 @@ def run(out: Path, load: float = 1.5, budget_s: float = 60, learned: str | None 
             info = server_facts(server.url).info
         (d / "info.json").write_text(json.dumps(info))
     step, cap = step_model(info, prof)
-    prefill = fit_prefill(step, cap.chunked_prefill_size or 1024)
+    chunk = cap.chunked_prefill_size or 1024
+    prefill = fit_prefill(step, chunk)
+    model = fit_prefill(step, chunk, square=True)  # the deadline rules'
     targets = cpu_targets(step, prefill)
     rps = capacity(info, prof)
-    log(f"capacity {rps:.3f} req/s; targets {targets.to_json()}; prefill model {prefill}")
+    if budget is None:
+        from experiments.rl.evaluate import BUDGET_ANSWER
+
+        budget = scaled_budget(BUDGET_ANSWER[0], step, chunk), BUDGET_ANSWER[1]
+    log(f"capacity {rps:.3f} req/s; targets {targets.to_json()}; prefill model {prefill}; "
+        f"the deadline rules' (with the square term) {model}; budget answer {budget}")
     result = {"capacity_rps": rps, "load": load, "targets": targets.to_json(),
-              "prefill": prefill, "seeds": list(seeds), "workload": workload(rps).name,
+              "prefill": prefill, "deadline_prefill": model, "budget_answer": list(budget),
+              "seeds": list(seeds), "workload": workload(rps).name,
               "policies": {}, "runs": {}}
     old = out / "result.json"
     if old.is_file() and json.loads(old.read_text()).get("seeds") == list(seeds):
         result["runs"] = json.loads(old.read_text())["runs"]
-    specs = {k: v for k, v in spec_files(out, targets, prefill, learned).items()
-             if not only or k in only}
+    specs = {k: v for k, v in spec_files(out, targets, model, learned, chunk_answer,
+                                         budget, scaled_budget(1.0, step, chunk)).items()
+             if not only or k in only or k.split("+chunks")[0] + "+chunks" in only
+             or k.split("+budget")[0] + "+budget" in only}
     for seed in seeds:  # the policies of one seed back to back: similar machine load
         for label, spec in specs.items():
             if str(seed) in result["runs"].get(label, {}):
@@ -253,6 +340,13 @@ def one_run(out: Path, label: str, spec: str, wl, prof: dict, extra: dict, seed:
     write_records(d / "twin.jsonl", list(twin))
     write_records(d / "twin-drift.jsonl", list(scaled))
     counts = fallbacks(d)
+    if pol is not None and not counts.get("applied"):
+        # the plugin refused the spec or never loaded: SGLang's own scheduling ran
+        why = [x for x in (d / "server.log").read_text(errors="replace").splitlines()
+               if "servetwin" in x and ("ERROR" in x or "Error" in x)]
+        raise RuntimeError(f"{label} seed {seed}: the plugin applied no decision "
+                           f"({d / 'decisions.jsonl.counters.json'}: {counts or 'missing'}); "
+                           f"{d / 'server.log'}: {why[-1] if why else 'no servetwin error'}")
     t = _targets_of(out)
     tk = scale_targets(t, k)
     return {"live": slo_stats(live, t), "twin": slo_stats(list(twin), t), "drift": k,

@@ -128,8 +128,8 @@ def apply(ep: Episode, cand: Candidate) -> None:
 
 
 def candidates(ep: Episode, base: int, documents: bool) -> list[Candidate]:
-    """The menu rules whose plans for the pending question differ (the base rule first,
-    then the first rule of each other plan), and with `documents` also, on a pass where
+    """The menu rules whose plans (or chunk answers) for the pending question differ (the
+    base rule first, then the first rule of each other plan), and with `documents` also, on a pass where
     the base rule lets documents in: each waiting document (up to `MAX_DOC_CANDIDATES`,
     shortest prefill first) alone after the short questions, and (when something runs)
     no document at all."""
@@ -138,7 +138,8 @@ def candidates(ep: Episode, base: int, documents: bool) -> list[Candidate]:
     seen: set = set()
 
     def add(label: str, plan: Plan, held: int) -> None:
-        key = (plan.order, plan.admit)
+        # entries with the same order differ by their chunk answer (`RULE@TOKENSxPARK`)
+        key = (plan.order, plan.admit, ep.held.chunk_answers[held])
         if key not in seen and not validate_plan(snap, plan):
             seen.add(key)
             out.append(Candidate(label, plan, held))

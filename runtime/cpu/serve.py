@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,6 +130,24 @@ class ServerStartError(HarnessError):
     """The server exited or did not become healthy in time."""
 
 
+_PLUGIN_CHECKED: set[Path] = set()
+_PLUGIN_LOCK = threading.Lock()
+
+
+def plugin_from_this_tree(harness: Harness) -> None:
+    """Point the harness's servetwin (an editable install) at this source tree, once per
+    process, before a server that loads servetwin's plugin starts: the harness keeps
+    whichever checkout installed it last (a CI clone, another worktree), and its plugin
+    would run instead of this tree's (a spec with a parameter that tree lacks then
+    refuses to load, and SGLang's own scheduling runs)."""
+    from runtime.cpu.install import ensure_plugin
+
+    with _PLUGIN_LOCK:
+        if harness.prefix not in _PLUGIN_CHECKED:
+            ensure_plugin(harness, log=lambda line: None)
+            _PLUGIN_CHECKED.add(harness.prefix)
+
+
 class CpuServer:
     """A real SGLang server on the CPU harness, started and stopped as one process group.
 
@@ -148,6 +167,8 @@ class CpuServer:
     ) -> None:
         self.harness: Harness = require_harness(prefix)
         self.env = dict(env or {})  # on top of the harness environment (e.g. the plugin's)
+        if "SGLANG_PLUGINS" in self.env:
+            plugin_from_this_tree(self.harness)
         tp = tp_size_of(user_args)
         if tp > 1 and BIND_ENV not in self.env:
             self.env[BIND_ENV] = thread_binding(tp)

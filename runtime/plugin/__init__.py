@@ -3,8 +3,10 @@
 SGLang 0.5.23 calls `load()` (entry point `servetwin` in the group `sglang.srt.plugins`)
 in every process it starts, then applies the hooks registered here. With
 `SERVETWIN_POLICY` unset it does nothing; with `SERVETWIN_POLICY=NAME|FILE.json|.yaml` it
-registers the hooks of `runtime.plugin.hooks` (docs/plugin.md). Importing this package is
-cheap and imports neither SGLang nor a policy.
+registers the hooks of `runtime.plugin.hooks` (docs/plugin.md). With
+`SERVETWIN_STEP_PROBE=PREFIX` (independently) it times the scheduler loop's CPU work per
+step into `PREFIX.<pid>` (runtime.plugin.step_probe; `servetwin live step-cpu` reads it).
+Importing this package is cheap and imports neither SGLang nor a policy.
 """
 
 from __future__ import annotations
@@ -17,8 +19,21 @@ FAULTS_ENV = "SERVETWIN_FAULT_POLICIES"
 PLUGIN_NAME = "servetwin"
 
 
+STEP_PROBE_ENV = "SERVETWIN_STEP_PROBE"
+
+
 def load() -> None:
     """The entry point. Never raises: a bad spec is logged and the plugin stays off."""
+    probe = os.environ.get(STEP_PROBE_ENV, "").strip()
+    if probe:
+        try:
+            from runtime.plugin import step_probe
+
+            step_probe.install(probe)
+        except Exception:
+            logging.getLogger("servetwin.plugin").exception(
+                "servetwin plugin: the step probe (%s=%r) is not installed", STEP_PROBE_ENV,
+                probe)
     text = os.environ.get(POLICY_ENV, "").strip()
     if not text:
         return

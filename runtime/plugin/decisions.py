@@ -7,7 +7,10 @@ Line kinds (each a JSON object with `"kind"`):
 - `decision`: `snapshot` (every `Snapshot` and `RequestView` field), `plan` (`order`,
   `victims`; null when the policy raised), `outcome` (`applied`, `native`, `raised`,
   `invalid`), `slow` / `us` (the decision's duration) and, for a preempt question asked
-  because a request found no KV room, `"cause": "kv"`;
+  because a request found no KV room, `"cause": "kv"`. A chunk question's line
+  (`"question": "chunk"`) also has the `chunked` request's view, the `budget` and
+  `page_size` it was asked with and `first` (a prompt's first chunk); its `plan` is
+  `{limit, park}`;
 - `counters`: the plugin's counters at that moment (written on every fallback).
 """
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from twin.policy.base import Plan, RequestView, Snapshot
+from twin.policy.base import ChunkPlan, Plan, RequestView, Snapshot
 
 VERSION = 1
 _VIEW_FIELDS = tuple(f.name for f in fields(RequestView))
@@ -89,6 +92,24 @@ def decision_line(snap: Snapshot, plan: Plan | None, outcome: str, us: float,
     return json.dumps(line)
 
 
+def chunk_line(snap: Snapshot, chunked: RequestView, budget: int, page_size: int,
+               plan: ChunkPlan | None, outcome: str, us: float, slow: bool,
+               first: bool) -> str:
+    """A chunk question and its answer (`plan` None when the policy raised, or answered
+    something that is not a `ChunkPlan` of whole numbers)."""
+    ok = (isinstance(plan, ChunkPlan) and isinstance(plan.park, int)
+          and (plan.limit is None or isinstance(plan.limit, int)))
+    return json.dumps({"kind": "decision", "question": "chunk",
+                       "snapshot": snapshot_to_json(snap), "chunked": view_to_json(chunked),
+                       "budget": budget, "page_size": page_size, "first": first,
+                       "plan": {"limit": plan.limit, "park": plan.park} if ok else None,
+                       "outcome": outcome, "us": round(us, 1), "slow": slow})
+
+
+def chunk_plan_from_json(d: dict[str, Any] | None) -> ChunkPlan | None:
+    return None if d is None else ChunkPlan(limit=d.get("limit"), park=d.get("park", 0))
+
+
 def read_lines(path: Path | str) -> Iterator[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -105,6 +126,8 @@ def same_decision(question: str, a: Plan | None, b: Plan | None) -> bool:
     releases them as a set, so their order does not change what happens)."""
     if a is None or b is None:
         return a is b
+    if question == "chunk":
+        return isinstance(b, ChunkPlan) and (a.limit, a.park) == (b.limit, b.park)
     if question == "order":
         return a.order == b.order and a.admit == b.admit
     return sorted(a.victims) == sorted(b.victims)
@@ -124,25 +147,32 @@ class Agreement:
 
 
 def replay(lines: Iterable[dict[str, Any]], policy, keep: int = 5) -> Agreement:
-    """Ask `policy` every logged snapshot and compare with the logged plan."""
+    """Ask `policy` every logged snapshot (its order or preempt question, or a chunk
+    question with the logged chunked request) and compare with the logged answer."""
     out = Agreement()
     for number, d in enumerate(lines, 1):
         if d.get("kind") != "decision":
             continue
-        logged = plan_from_json(d["plan"])
+        chunk = d.get("question") == "chunk"
+        logged = (chunk_plan_from_json if chunk else plan_from_json)(d["plan"])
         if logged is None:
             out.skipped += 1
             continue
         snap = snapshot_from_json(d["snapshot"])
+        question = "chunk" if chunk else snap.question
         try:
-            ours = policy.decide(snap)
+            if chunk:
+                ours = policy.chunk(snap, view_from_json(d["chunked"]), d["budget"],
+                                    d["page_size"])
+            else:
+                ours = policy.decide(snap)
         except Exception:  # the twin's policy failing is a disagreement, not a crash
             ours = None
         out.decisions += 1
-        if same_decision(snap.question, logged, ours):
+        if same_decision(question, logged, ours):
             out.identical += 1
         elif len(out.disagreements) < keep:
-            out.disagreements.append((number, snap.question, logged, ours))
+            out.disagreements.append((number, question, logged, ours))
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.plugin import FAULTS_ENV, PLUGIN_NAME, POLICY_ENV
+from runtime.plugin import FAULTS_ENV, PLUGIN_NAME, POLICY_ENV, STEP_PROBE_ENV
 
 LOG_ENV = "SERVETWIN_DECISION_LOG"
 BUDGET_ENV = "SERVETWIN_POLICY_BUDGET_MS"
@@ -33,3 +33,10 @@ def plugin_env(spec: str, decision_log: str | Path | None = None,
     if faults:
         env[FAULTS_ENV] = "1"
     return env
+
+
+def step_probe_env(prefix: str | Path) -> dict[str, str]:
+    """The environment that loads the plugin with the step probe writing `PREFIX.<pid>`
+    (runtime/plugin/step_probe.py); merge it with `plugin_env` for both."""
+    return {"SGLANG_PLUGINS": PLUGIN_NAME, STEP_PROBE_ENV: str(Path(prefix).resolve())}
+

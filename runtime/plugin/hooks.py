@@ -1,6 +1,6 @@
 """The plugin's hooks inside SGLang 0.5.23's scheduler process (docs/plugin.md).
 
-Three hooks, registered with SGLang's `HookRegistry` (AROUND):
+Four hooks, registered with SGLang's `HookRegistry` (AROUND):
 - `Scheduler.__init__`: after SGLang's own, build the policy with the server's settings,
   check that the other hooks are in place (`__wrapped__`), say which policy runs, open the
   decision log;
@@ -10,7 +10,11 @@ Three hooks, registered with SGLang's `HookRegistry` (AROUND):
 - `Scheduler.get_prefill_adder_class`: a `PrefillAdder` subclass whose
   `preempt_to_schedule` asks the policy for victims and commits them with SGLang's own
   release steps, and whose `add_one_req` does the same on NO_TOKEN for a policy that
-  `preempts_for_kv` (then retries the request once).
+  `preempts_for_kv` (then retries the request once); its `add_chunked_req`,
+  `budget_state`, `add_one_req` and `preempt_to_schedule` keep a parked pass empty;
+- `SchedulePolicy.shortest_prefill_chunk_limit`: for a policy that `chunks`, the chunk
+  question (runtime/plugin/chunk.py): SGLang's own limit capped by the policy's, or this
+  pass parked (decode-only) before the chunk.
 
 The engine is sacred: every hook catches every exception, logs once per kind of failure,
 counts it in `COUNTERS` and falls back to SGLang's own behaviour for that pass. SGLang's
@@ -32,6 +36,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from runtime.plugin import decisions
+from runtime.plugin.chunk import ChunkQuestions
 from runtime.plugin.preempt import PreemptQuestions
 from runtime.plugin.ranks import RankLink
 from runtime.plugin.views import (
@@ -53,13 +58,16 @@ DEFAULT_BUDGET_MS = 5.0
 T_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
 T_ORDER = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
 T_ADDER = "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class"
-TARGETS = (T_INIT, T_ORDER, T_ADDER)
+T_CHUNK = "sglang.srt.managers.schedule_policy.SchedulePolicy.shortest_prefill_chunk_limit"
+TARGETS = (T_INIT, T_ORDER, T_ADDER, T_CHUNK)
 
 #: fallbacks by kind ("raised", "invalid"), decisions slower than the budget ("slow",
 #: applied nonetheless), every decision by outcome, and the preemptions committed for KV
-#: room (the users' design; SGLang preempts only for request slots)
+#: room (the users' design; SGLang preempts only for request slots), the chunk questions
+#: answered validly, the decode-only passes parked for them and the first chunks capped
 COUNTERS: dict[str, int] = {"raised": 0, "invalid": 0, "slow": 0, "decisions": 0,
-                            "applied": 0, "native": 0, "kv_preemptions": 0, "followed": 0}
+                            "applied": 0, "native": 0, "kv_preemptions": 0, "followed": 0,
+                            "chunk_plans": 0, "parked_passes": 0, "first_chunks_capped": 0}
 _RUNTIME: PluginRuntime | None = None
 _SPEC = None  # the PolicySpec `install` was given
 
@@ -83,6 +91,16 @@ def install(spec) -> None:
     HookRegistry.register(T_INIT, _scheduler_init_hook, HookType.AROUND)
     HookRegistry.register(T_ORDER, _calc_priority_hook, HookType.AROUND)
     HookRegistry.register(T_ADDER, _adder_class_hook, HookType.AROUND)
+    HookRegistry.register(T_CHUNK, _chunk_limit_hook, HookType.AROUND)
+
+
+def _chunk_hooks_missing() -> bool:
+    """Whether the chunk question cannot be applied: its hook or the adder's is absent
+    (outside a server, offline, both are: tests switch `chunks` on themselves)."""
+    try:
+        return bool({T_CHUNK, T_ADDER} & set(hooks_missing()))
+    except Exception:
+        return True
 
 
 def hooks_missing() -> list[str]:
@@ -136,6 +154,8 @@ def _on_every_rank(rt: PluginRuntime | None, scheduler) -> PluginRuntime | None:
 def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
                         processed_tokens=0):
     rt = _RUNTIME
+    if rt is not None:
+        rt.begin_pass(running_batch)  # two assignments: cannot fail
     if rt is None or rt.native or len(waiting_queue) < 2:
         before = list(waiting_queue) if rt is not None and rt.logs_native else None
         original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
@@ -150,6 +170,19 @@ def _calc_priority_hook(original, policy_obj, waiting_queue, running_batch=None,
     if not rt.guarded_order(waiting_queue, running_batch, processed_tokens, None,
                             matched=not skipped) and skipped:  # the policy failed: SGLang's own sort for this pass after all
         original(policy_obj, waiting_queue, running_batch, processed_tokens=processed_tokens)
+
+
+def _chunk_limit_hook(original, policy_obj, chunked_req, waiting_queue, budget, page_size):
+    own = original(policy_obj, chunked_req, waiting_queue, budget, page_size)
+    rt = _RUNTIME
+    if rt is None or not rt.chunks:
+        return own
+    try:
+        return rt.on_chunk_limit(chunked_req, waiting_queue, budget, page_size, own)
+    except Exception as exc:  # on_chunk_limit's policy call catches its own; the last guard
+        rt.pass_park = None
+        rt.failed("raised", "chunk hook", exc)
+        return own
 
 
 _ADDER_CLASSES: dict[type, type] = {}
@@ -169,22 +202,87 @@ def _adder_class_hook(original, scheduler):
         return base
 
 
-def _make_adder_class(base: type) -> type:
-    from sglang.srt.managers.schedule_policy import AddReqResult
+def _make_adder_class(base: type, results=None) -> type:
+    """`results`: SGLang's `AddReqResult` (tests hand in a stand-in with the same names)."""
+    if results is None:
+        from sglang.srt.managers.schedule_policy import AddReqResult as results
 
-    no_token, other = AddReqResult.NO_TOKEN, AddReqResult.OTHER
+    no_token, other = results.NO_TOKEN, results.OTHER
 
     class ServetwinPrefillAdder(base):
         """SGLang's PrefillAdder; `preempt_to_schedule` asks the servetwin policy, and so
         does `add_one_req` when a request finds no KV room and the policy
-        `preempts_for_kv` (then it retries the request once)."""
+        `preempts_for_kv` (then it retries the request once). In a parked pass
+        (`ChunkPlan.park`) `add_chunked_req` leaves the chunked request untouched and the
+        pass admits nobody: SGLang builds no prefill batch and decodes."""
+
+        _servetwin_parked = False  # this adder's pass is a parked one (one adder a pass)
+        _servetwin_continuing = False  # the chunked request's chunk was cut this pass
+
+        def add_chunked_req(self, req):
+            rt = _RUNTIME
+            try:
+                parked = rt is not None and rt.take_park()
+            except Exception as exc:
+                rt.failed("raised", "chunk park", exc)
+                parked = False
+            if parked:  # SGLang's own early return: no KV computed, nothing to stash
+                self._servetwin_parked = True
+                return req
+            res = super().add_chunked_req(req)
+            if res is not None:
+                self._servetwin_continuing = True
+            return res
+
+        def _servetwin_would_cut(self, req) -> bool:
+            """Whether SGLang would cut `req` into a second unfinished chunked request:
+            after a chunk cut under a cap (the chunk answer's), budget is left, and
+            `get_new_batch_prefill` asserts there is one chunked request. SGLang guards
+            its own cap (shortest-prefill-first) the same way (`OTHER`)."""
+            rem = self.rem_chunk_tokens
+            if rem is None:
+                return False
+            page = max(int(self.page_size), 1)
+            ext = len(req.full_untruncated_fill_ids) - req.prefix_len
+            return -(-ext // page) * page > rem
+
+        def _servetwin_first_chunk(self, rt, req) -> None:
+            """The chunk question for `req`'s first chunk when SGLang would cut it (the
+            twin: `Adder.add_one`): the cap becomes this pass's `rem_chunk_tokens`, so
+            SGLang's own cut takes that many tokens and the pass ends there. Any failure:
+            SGLang's own cut."""
+            try:
+                if not self._servetwin_would_cut(req):
+                    return
+                limit = rt.first_chunk_limit(req, int(self.rem_chunk_tokens),
+                                             int(self.page_size))
+                if limit is not None and limit < self.rem_chunk_tokens:
+                    self.rem_chunk_tokens = limit
+                    rt.counters["first_chunks_capped"] += 1
+            except Exception as exc:
+                rt.failed("raised", "first chunk", exc)
+
+        def budget_state(self):
+            if self._servetwin_parked:  # the admission loop breaks before any candidate
+                return other
+            return super().budget_state()
 
         def add_one_req(self, req, *args, **kwargs):
             rt = _RUNTIME
             if rt is not None:
                 rt.waiting_views.forget(req)  # examined: its prefix match was just redone
-                if rt.withholds(req):  # SGLang's admission loop stops here, as on a spent
-                    return other       # budget: the policy's `Plan.admit`
+                if self._servetwin_parked or rt.withholds(req):  # SGLang's admission loop
+                    return other  # stops here, as on a spent budget (also `Plan.admit`)
+            if self._servetwin_continuing:  # one unfinished chunked request per pass
+                try:
+                    if self._servetwin_would_cut(req):
+                        return other
+                except Exception as exc:  # not sure it fits whole: do not admit it
+                    if rt is not None:
+                        rt.failed("raised", "second chunk guard", exc)
+                    return other
+            elif rt is not None and rt.chunks:
+                self._servetwin_first_chunk(rt, req)
             res = super().add_one_req(req, *args, **kwargs)
             if res != no_token or rt is None or not rt.kv_preempts:
                 return res
@@ -198,6 +296,8 @@ def _make_adder_class(base: type) -> type:
         def preempt_to_schedule(self, req) -> bool:
             own = super().preempt_to_schedule
             rt = _RUNTIME
+            if self._servetwin_parked:  # a parked pass makes no room for anyone
+                return False
             if rt is None:
                 return own(req)
             if rt.withholds(req):  # withheld this pass: no room is made for it
@@ -214,7 +314,7 @@ def _make_adder_class(base: type) -> type:
 
 # --- the runtime ----------------------------------------------------------------------------
 
-class PluginRuntime(PreemptQuestions):
+class PluginRuntime(PreemptQuestions, ChunkQuestions):
     """The policy, its log and its counters inside one scheduler process."""
 
     def __init__(self, spec, policy, policy_args: dict, server_policy: str, native: bool,
@@ -244,6 +344,9 @@ class PluginRuntime(PreemptQuestions):
         self.pass_held: set | None = None  # ids of the requests `Plan.admit` holds back
         #: TP > 1: rank 0 decides and the other ranks apply its answers (ranks.py)
         self.link: RankLink | None = None
+        #: the chunk question (chunk.py): asked only with its hook and the adder's in place
+        self.chunks = bool(getattr(policy, "chunks", False)) and not _chunk_hooks_missing()
+        self.chunk_due = self.pass_park = self.pass_batch = None
         if self._log is not None:
             server = {"schedule_policy": server_policy, "tp_rank": _tp_rank()}
             self._write(decisions.header_line(spec.to_json(), policy_args, server, native,
@@ -275,9 +378,10 @@ class PluginRuntime(PreemptQuestions):
         how = ("natively: SGLang's own sort, decisions only logged" if self.native else
                f"through the plugin, on top of SGLang's --schedule-policy {server_policy}")
         slice_s = getattr(self.policy, "time_slice_s", None)
-        log.info("servetwin policy %r %s (params %s, server %s, budget %.1f ms%s%s)",
+        log.info("servetwin policy %r %s (params %s, server %s, budget %.1f ms%s%s%s)",
                  self.spec.name, how, self.spec.params, args, self.budget_s * 1000,
                  f", time slice {slice_s * 1000:.0f} ms" if slice_s else "",
+                 ", chunk questions" if self.chunks else "",
                  f", decision log {self.log_path}" if self.log_path else "")
         missing = hooks_missing()
         if missing:

@@ -6,8 +6,10 @@ so a policy that reads time (`slices`, `deadline`, `learned`) could answer diffe
 each rank, and the ranks would then schedule different batches. So TP rank 0 decides and
 broadcasts its answer over the TP group's CPU (gloo) group, and the other ranks apply it.
 What crosses is int64 tensors (no pickle): for an order question `[k, admit, order...]`,
-for a preempt question `[k, victims...]`, with `k` = -1 for "no decision: SGLang's own
-behaviour for this pass" (rank 0's policy failed), which every rank then falls back to.
+for a preempt question `[k, victims...]`, for a chunk question `[k, limit, park]` (limit 0:
+None), with `k` = -1 for "no decision: SGLang's own behaviour for this pass" (rank 0's
+policy failed; for a chunk, SGLang's own chunk and no parking), which every rank then
+falls back to.
 
 Every rank reaches each question in the same pass (the scheduler's state is replicated:
 that is what TP relies on), so each call here is one collective that all ranks make; a
@@ -17,7 +19,7 @@ unconditionally once they are past the questions' replicated early exits.
 
 from __future__ import annotations
 
-from twin.policy.base import Plan
+from twin.policy.base import ChunkPlan, Plan
 
 
 class RankLink:
@@ -84,3 +86,15 @@ class RankLink:
         """Rank 0's preempt answer among `n_running` candidates (None: fall back)."""
         got = self._share(None if plan is None else list(plan.victims), n_running)
         return None if got is None else Plan(victims=tuple(got))
+
+    def share_chunk(self, plan: ChunkPlan | None) -> ChunkPlan | None:
+        """Rank 0's chunk answer (None: SGLang's own chunk), on every rank. Asked when a
+        chunk is due, which every rank sees in the same pass (the chunked request's
+        `prefix_len` is replicated)."""
+        values = None
+        if self.leader and plan is not None:
+            values = [plan.limit or 0, plan.park]
+        got = self._share(values, 2)
+        if got is None or len(got) != 2:
+            return None
+        return ChunkPlan(limit=got[0] or None, park=got[1])

@@ -10,8 +10,9 @@ A step is composed from measured ops for the actual heterogeneous batch:
 - decode attention for the decode set at (batch size, mean KV length). Folding variable
   KV lengths in by their mean is what lets `decode_times` advance runs of decode steps
   vectorised; its error against per-request evaluation is measured in docs/perf.md;
-- a fixed per-step overhead (scheduler plus kernel launches, smaller under a CUDA graph),
-  the same documented constants as the roofline backend (`RooflineParams`).
+- a per-step overhead: SGLang's scheduler CPU work, a part per step and a part per
+  request in the batch (measured: twin/perf/step_cpu.py), plus kernel launches (smaller
+  under a CUDA graph), the same constants as the roofline backend (`RooflineParams`).
 
 Everything is tabulated at start-up on grids (tokens: every integer to 256, then ratio
 2^(1/8); chunk and prefix lengths: ratio 2^(1/2); decode batch: every integer to 64 then
@@ -28,12 +29,13 @@ A100 PCIe has no data: kernel times are A100 SXM's scaled by the HBM bandwidth r
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -162,9 +164,7 @@ class OpdbStepTime:
         self._quant = _quant(c, args.quantization)
         self._warned: set[str] = set()
         self._graph_bs = 0 if args.disable_cuda_graph else c.cuda_graph_max_bs
-        o = p.overhead
-        self._eager = o.scheduler_overhead_s + o.launch_per_layer_s * m.num_layers
-        self._graph = o.scheduler_overhead_s + o.graph_launch_per_layer_s * m.num_layers
+        self._eager, self._graph, self._per_request = p.overhead.overheads(m.num_layers)
         chunk = c.chunked_prefill_size or c.max_prefill_tokens
         self.max_tokens = max(chunk, c.max_prefill_tokens, c.context_len) + c.max_running_requests
         self.max_batch = max(c.max_running_requests, 1)
@@ -323,7 +323,7 @@ class OpdbStepTime:
             rows = min(rows, max(self._graph_bs, b))
             const = (self._tokens(self.tok_gen, rows, "decode tokens")
                      + self._tokens(self.head, rows, "lm head")
-                     + (self._graph if graph else self._eager))
+                     + (self._graph if graph else self._eager) + self._per_request * b)
             if b > self.extents.decode_batch:
                 self._warn("dbatch", f"decode batch {b} is beyond aiconfigurator's measured "
                            f"{self.extents.decode_batch}: extrapolated")
@@ -351,13 +351,22 @@ class OpdbStepTime:
             self._check_kv(float(mean.max()))
         return const + np.interp(mean, self.ds, row)
 
+    def with_step_cpu(self, cpu) -> OpdbStepTime:
+        """This model with SGLang's scheduler CPU part set to `cpu` (the tables shared)."""
+        out = copy.copy(self)
+        out.params = replace(self.params, overhead=self.params.overhead.with_step_cpu(cpu))
+        out._eager, out._graph, out._per_request = out.params.overhead.overheads(
+            self.capacity.model.num_layers)
+        out._decode_const = {}  # memoised decode constants hold the old CPU part
+        return out
+
     def step_time(self, prefill_chunks: Sequence[PrefillChunk],
                   decode_kv_lens: Sequence[int]) -> float:
         n_dec = len(decode_kv_lens)
         if not prefill_chunks:
             return float(self.decode_times(n_dec, np.array([sum(decode_kv_lens)]))[0])
         tokens = n_dec
-        t = self._eager
+        t = self._eager + self._per_request * (n_dec + len(prefill_chunks))
         for n, pre in prefill_chunks:
             tokens += n
             t += self._ctx_attention(n, pre)
@@ -386,7 +395,8 @@ class OpdbStepTime:
         parts["decode_attention"] = (float(np.interp(mean, self.ds, self._decode_row(n_dec)))
                                      if n_dec else 0.0)
         graph = not has_prefill and n_dec <= self._graph_bs
-        parts["overhead"] = self._graph if graph else self._eager
+        parts["overhead"] = ((self._graph if graph else self._eager)
+                             + self._per_request * (len(prefill_chunks) + n_dec))
         return parts
 
     def describe(self) -> str:

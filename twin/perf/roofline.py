@@ -2,20 +2,24 @@
 
 Per step: every linear layer is max(FLOPs / compute, weight bytes / HBM bandwidth); prefill
 attention is quadratic in the chunk and linear in its cached prefix; decode attention reads
-each request's KV; tensor parallelism adds two ring all-reduces per layer; a fixed overhead
-covers the scheduler and kernel launches (smaller for decode steps that replay a CUDA graph).
+each request's KV; tensor parallelism adds two ring all-reduces per layer; the overhead
+is SGLang's scheduler CPU work (a part per step and a part per request in the batch,
+measured: twin/perf/step_cpu.py) plus kernel launches (smaller for decode steps that
+replay a CUDA graph).
 The efficiency factors are stated in `RooflineParams` and can be fitted by calibration.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from twin.config import Capacity, ServerArgs
 from twin.perf import PrefillChunk, register_backend
+from twin.perf.step_cpu import SGLANG_0_5_23 as STEP_CPU
 
 
 @dataclass(frozen=True)
@@ -25,13 +29,28 @@ class RooflineParams:
     mem_efficiency: float = 0.85  # share of HBM bandwidth reached by memory-bound kernels
     link_efficiency: float = 0.70  # share of the TP link bandwidth reached by all-reduce
     allreduce_latency_s: dict | None = None  # per call, by link kind
-    scheduler_overhead_s: float = 0.0005  # SGLang's Python scheduler per step
+    # SGLang's scheduler loop, CPU work per step and per request in the batch (measured on
+    # the CPU harness: twin/perf/step_cpu.py)
+    scheduler_overhead_s: float = STEP_CPU.per_step_s
+    scheduler_per_request_s: float = STEP_CPU.per_request_s
     launch_per_layer_s: float = 60e-6  # eager kernel launches, per layer per step
     graph_launch_per_layer_s: float = 6e-6  # the same when a CUDA graph is replayed
 
     def allreduce_latency(self, link: str) -> float:
         table = self.allreduce_latency_s or {"nvlink": 8e-6, "pcie": 20e-6}
         return table[link]
+
+    def overheads(self, num_layers: int) -> tuple[float, float, float]:
+        """(eager, CUDA-graph) per-step overhead and the scheduler CPU per request: the
+        step's CPU part plus its kernel launches (shared by `roofline` and `opdb`)."""
+        return (self.scheduler_overhead_s + self.launch_per_layer_s * num_layers,
+                self.scheduler_overhead_s + self.graph_launch_per_layer_s * num_layers,
+                self.scheduler_per_request_s)
+
+    def with_step_cpu(self, cpu) -> RooflineParams:
+        """These parameters with SGLang's scheduler CPU part set to `cpu` (a `StepCpu`)."""
+        return replace(self, scheduler_overhead_s=cpu.per_step_s,
+                       scheduler_per_request_s=cpu.per_request_s)
 
 
 class RooflineStepTime:
@@ -62,8 +81,7 @@ class RooflineStepTime:
         self._ar_bytes_per_token = m.hidden * 2 * 2 * (tp - 1) / tp  # bf16, ring: 2(n-1)/n
         self._link_rate = g.link_bw * p.link_efficiency
         self._ar_latency = p.allreduce_latency(g.link)
-        self._eager = p.scheduler_overhead_s + p.launch_per_layer_s * m.num_layers
-        self._graph = p.scheduler_overhead_s + p.graph_launch_per_layer_s * m.num_layers
+        self._eager, self._graph, self._per_request = p.overheads(m.num_layers)
         self._graph_bs = 0 if args.disable_cuda_graph else capacity.cuda_graph_max_bs
         self._m = m
         # decode attention is linear in total KV: seconds per KV token
@@ -93,8 +111,12 @@ class RooflineStepTime:
         return self._ar_calls * (self._ar_latency + tokens * self._ar_bytes_per_token
                                  / self._link_rate)
 
-    def _overhead(self, has_prefill: bool, batch: int) -> float:
-        return self._graph if (not has_prefill and batch <= self._graph_bs) else self._eager
+    def _overhead(self, n_prefill: int, n_decode: int) -> float:
+        """Scheduler CPU (per step and per request) plus kernel launches (a decode-only
+        batch within the CUDA-graph sizes replays a graph)."""
+        graph = not n_prefill and n_decode <= self._graph_bs
+        return ((self._graph if graph else self._eager)
+                + self._per_request * (n_prefill + n_decode))
 
     def breakdown(self, prefill_chunks: Sequence[PrefillChunk],
                   decode_kv_lens: Sequence[int]) -> dict[str, float]:
@@ -108,8 +130,17 @@ class RooflineStepTime:
         return {
             "gemm": gemm, "lm_head": head, "prefill_attention": prefill_attn,
             "decode_attention": decode_attn, "tp_allreduce": self._allreduce(tokens),
-            "overhead": self._overhead(bool(prefill_chunks), n_dec),
+            "overhead": self._overhead(len(prefill_chunks), n_dec),
         }
+
+    def with_step_cpu(self, cpu) -> RooflineStepTime:
+        """This model with SGLang's scheduler CPU part set to `cpu` (the GPU's work and the
+        kernel launches unchanged)."""
+        out = copy.copy(self)
+        out.params = self.params.with_step_cpu(cpu)
+        out._eager, out._graph, out._per_request = out.params.overheads(self._m.num_layers)
+        out._decode_const = {}  # memoised decode constants hold the old CPU part
+        return out
 
     def step_time(self, prefill_chunks: Sequence[PrefillChunk],
                   decode_kv_lens: Sequence[int]) -> float:

@@ -9,7 +9,11 @@ A scheduling pass asks a policy one of two questions, each from a frozen `Snapsh
   slot): which running requests to preempt for it, as distinct indices into
   `snap.running`, `()` for none (SGLang's `PrefillAdder.preempt_to_schedule`).
 
-The answer is a `Plan`. Requests are seen as `RequestView`s: immutable values that an
+The answer is a `Plan`. A policy with `chunks = True` is also asked a third question,
+*chunk*, once per chunk of a prompt prefilled in chunks, when that chunk is due
+(`Policy.chunk`): how large the chunk may be and how many decode-only passes run first.
+The answer is a `ChunkPlan` (SGLang: `SchedulePolicy.shortest_prefill_chunk_limit` for
+the size; a parked chunk and a withheld queue for the decode-only passes). Requests are seen as `RequestView`s: immutable values that an
 adapter on each side builds (`twin.views` from the twin's `SimRequest`, the runtime plugin
 from SGLang's `Req`), holding only what both engines have. Nothing here knows a clock, a
 process or an engine: a policy is a pure function of the snapshot and its own parameters.
@@ -118,6 +122,24 @@ class Plan:
     admit: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """A policy's answer to a chunk question. `limit` caps the chunk's new tokens (None:
+    SGLang's own budget; otherwise at least one page). `park` asks for that many
+    decode-only passes before the chunk runs: in each, the chunked request sits out and no
+    waiting request is admitted, so the running requests decode one step (as SGLang does
+    when a pass builds no prefill batch); honoured only while something is decoding, so a
+    chunk is never held on an idle server. The chunk then runs with `limit`, and the next
+    chunk is a new question."""
+
+    limit: int | None = None
+    park: int = 0
+
+
+#: the most decode-only passes one chunk question may ask for
+MAX_PARK = 256
+
+
 class Policy:
     """Base policy: keep the queue as it is, never preempt.
 
@@ -132,6 +154,8 @@ class Policy:
     #: also asked for victims when a request finds no KV room (SGLang asks only when
     #: request slots run out; the users' design preempts for memory too)
     preempts_for_kv = False
+    #: asked `chunk` questions (twin and plugin); the base answers SGLang's own chunk
+    chunks = False
 
     def __init__(self, *, priority_scheduling: bool = False, low_values_first: bool = False,
                  preemption_threshold: int = 10) -> None:
@@ -153,6 +177,18 @@ class Policy:
         if snap.candidate is None:
             return Plan(order=tuple(self.order(snap)))
         return Plan(victims=tuple(self.victims(snap)))
+
+    def chunk(self, snap: Snapshot, chunked: RequestView, budget: int,
+              page_size: int) -> ChunkPlan:
+        """The chunk question (`chunks = True` only): `snap` is the pass as an order
+        question sees it (its waiting queue and its running batch),
+        `chunked` the request whose next chunk is due (`prefix_len` = its tokens computed
+        so far; in neither tuple), `budget` the server's chunked prefill size. Also asked
+        of a prompt's first chunk, when admission would cut a waiting request: then
+        `chunked` is still in `snap.waiting` (`prefix_len` its cached prefix) and only
+        `limit` applies (the pass ends with that chunk; `park` is ignored). The base:
+        SGLang's own chunk, no parking."""
+        return ChunkPlan()
 
     def sort_key(self) -> Callable[[RequestView], Any] | None:
         """The policy's order as a key over one request's view, when its order is a stable

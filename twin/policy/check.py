@@ -3,7 +3,8 @@
 Over a seeded family of snapshots (empty queues, ties, long queues past the 128 fallback,
 priority tiers, shared heads and prefix paths, preempt questions with and without enough
 room), a policy must: answer an order question with a permutation of the waiting indices;
-answer a preempt question with distinct valid running indices; give the same answer twice
+answer a preempt question with distinct valid running indices; answer a chunk question
+(when it `chunks`) with a valid `ChunkPlan`; give the same answer twice
 for the same snapshot (and for an equal copy of it); and leave its input unchanged.
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import random
+from dataclasses import replace
 
-from twin.policy.base import Plan, RequestView, Snapshot, reservation
+from twin.policy.base import MAX_PARK, ChunkPlan, Plan, RequestView, Snapshot, reservation
 
 
 class PolicyContractError(AssertionError):
@@ -83,6 +85,19 @@ def validate_plan(snap: Snapshot, plan: object) -> str | None:
     return None
 
 
+def validate_chunk_plan(plan: object, page_size: int) -> str | None:
+    """Why `plan` is not a valid answer to a chunk question, or None."""
+    if not isinstance(plan, ChunkPlan):
+        return f"a chunk answer must be a ChunkPlan, got {type(plan).__name__}"
+    lim, park = plan.limit, plan.park
+    if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int)
+                            or lim < max(page_size, 1)):
+        return f"chunk limit {lim!r}: must be None or an integer >= the page size {page_size}"
+    if isinstance(park, bool) or not isinstance(park, int) or not 0 <= park <= MAX_PARK:
+        return f"park {park!r}: must be an integer in 0..{MAX_PARK}"
+    return None
+
+
 def _admit_problem(snap: Snapshot, admit: object) -> str | None:
     if admit is None:
         return None
@@ -110,4 +125,21 @@ def check_policy(policy, snapshots: list[Snapshot] | None = None) -> int:
         if policy.decide(snap) != plan or policy.decide(copy.deepcopy(snap)) != plan:
             raise PolicyContractError(f"policy {policy.name!r}: a different answer for the "
                                       f"same snapshot (t={snap.now})")
+        if getattr(policy, "chunks", False):
+            _check_chunk(policy, snap)
     return len(snaps)
+
+
+def _check_chunk(policy, snap: Snapshot) -> None:
+    """The chunk question on the snapshot's first waiting request as the chunked one."""
+    if not snap.waiting:
+        return
+    args = (replace(snap, waiting=snap.waiting[1:]), snap.waiting[0], 8192, 1)
+    plan = policy.chunk(*args)
+    why = validate_chunk_plan(plan, 1)
+    if why:
+        raise PolicyContractError(f"policy {policy.name!r}: {why} (chunk question at "
+                                  f"t={snap.now})")
+    if policy.chunk(*copy.deepcopy(args)) != plan:
+        raise PolicyContractError(f"policy {policy.name!r}: a different chunk answer for the "
+                                  f"same question (t={snap.now})")

@@ -13,7 +13,11 @@ Two kinds, told apart by the weight file's metadata (`kind`):
   largest output picks one rule from the menu (`twin.policy.menu`) for this pass: a
   queue order, or an order with admission withheld (`Plan.admit`; the plan rules, with
   the prefill model in the metadata's `prefill`). It never preempts. With `chunk_cap` in the metadata it also caps the running chunked
-  prefill as SGLang's shortest-prefill-first does (twin/policy/menu.py).
+  prefill as SGLang's shortest-prefill-first does (twin/policy/menu.py); with `chunks`
+  (`[chunk_tokens, park_steps]`, the chunk answer it was trained with) it answers the
+  chunk question as `deadline` does with those params (`short_question_chunks`); a menu
+  entry `RULE@TOKENSxPARK` carries its own chunk answer, and the chunk question is then
+  answered by the entry the network picks on the chunk question's snapshot.
 
 Weights come from a safetensors file (read here with numpy: an 8-byte header length, a
 JSON header, raw little-endian tensors; the header's `__metadata__["servetwin"]` holds the
@@ -31,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from twin.policy.base import Plan, Policy, RequestView, Snapshot
+from twin.policy.base import ChunkPlan, Plan, Policy, RequestView, Snapshot
+from twin.policy.deadline import answer_chunk, model_of
 from twin.policy.features import (
     K_SLOTS,
     SloTargets,
@@ -39,7 +44,13 @@ from twin.policy.features import (
     feature_names,
     pass_features,
 )
-from twin.policy.menu import ALL_RULES, prefill_params, rule_plan
+from twin.policy.menu import (
+    check_chunk_answer,
+    check_menu,
+    entry_chunk_answers,
+    prefill_params,
+    rule_plan,
+)
 from twin.policy.registry import register
 from twin.policy.sglang import ShortestPrefillFirst
 
@@ -160,10 +171,10 @@ def _io_width(meta: dict, path: str) -> tuple[int, int]:
         return len(FEATURES), 1
     if kind != "selector":
         raise ValueError(f"weights {path}: kind {kind!r}: allowed values: scorer, selector")
-    bad = [m for m in meta.get("menu", ()) if m not in ALL_RULES]
-    if bad or not meta.get("menu"):
-        raise ValueError(f"weights {path}: menu {meta.get('menu')}: entries must be among "
-                         f"{', '.join(ALL_RULES)}")
+    try:
+        check_menu(meta.get("menu", ()))
+    except ValueError as exc:
+        raise ValueError(f"weights {path}: {exc}") from None
     try:
         features = check_feature_set(meta.get("features", "pass-v1"))
     except ValueError as exc:
@@ -199,12 +210,27 @@ class LearnedPolicy(Policy):
             if self.meta.get("chunk_cap"):
                 self.chunk_limit = ShortestPrefillFirst.chunk_limit
             self.prefill = prefill_params(self.meta.get("prefill"))
+            self.model = model_of(self.prefill)  # for budget chunk answers
             self.features = self.meta.get("features", "pass-v1")
+            answer = self.meta.get("chunks")  # the chunk answer it was trained with
+            if answer is not None:
+                answer = check_chunk_answer(answer, f"{weights}: metadata chunks")
+            #: each entry's chunk answer (its own, else the file's `chunks`)
+            self.chunk_answers = entry_chunk_answers(self.menu, answer)
+            self.chunks = any(a is not None for a in self.chunk_answers)
         self.margin = preempt_margin
 
     @property
     def preempts(self) -> bool:
         return self.margin is not None
+
+    def chunk(self, snap: Snapshot, chunked: RequestView, budget: int,
+              page_size: int) -> ChunkPlan:
+        """The chunk answer of the entry the network picks for this pass."""
+        answer = self.chunk_answers[self.choice(snap)] if len(self.menu) > 1 \
+            else self.chunk_answers[0]
+        return answer_chunk(self.targets, snap, answer, page_size, chunked, budget,
+                            self.model)
 
     def wants_prefix_match(self, n_waiting: int) -> bool:
         return self.kind == "selector"  # its features and rules read prefix matches

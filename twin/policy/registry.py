@@ -213,6 +213,7 @@ _SCALARS = {
     "doc_tokens": _COUNT, "chunk": _COUNT, "preemption_threshold": _INT32,
     "doc_ttft_s_per_token": _AT_LEAST_0, "s_per_chunk": _AT_LEAST_0,
     "s_per_token": _AT_LEAST_0, "s_per_token_ctx": _AT_LEAST_0, "max_defer_s": _AT_LEAST_0,
+    "s_per_ctx_sq": _AT_LEAST_0, "chunk_budget_s": _AT_LEAST_0,
 }
 # list-valued parameters: (what it must be, the test of each item, how many items or None)
 _LISTS = {
