@@ -83,8 +83,9 @@ def test_the_token_budget_chunks_a_long_prompt_into_three_steps(runs):
     live_recs, twin_run, live, twin = runs["chunk"]
     # the twin's count is exact; live, the steps are read from the other request's token
     # gaps, and one decode step slowed by the machine can read as one more (CI saw 4 once),
-    # or a chunk step hidden in a gap as one fewer (CI saw 2 once: r1 in at 0.400 s, first
-    # token at 1.190 s live, 1.173 s in the twin); unchunked, the prompt reads as 1
+    # or one chunk step's gap under `chunk_steps`' threshold (3 x r0's median gap) as one
+    # fewer (CI saw 2 once: r1 in at 0.400 s, first token 1.190 s live, 1.173 s in the
+    # twin); an unchunked prompt is one long gap and reads as 1
     assert twin["chunk_steps"] == 3 and live["chunk_steps"] in (2, 3, 4), (
         _gaps(live_recs), _gaps(twin_run.records))
 
