@@ -107,7 +107,9 @@ def add_workload_args(parser: argparse.ArgumentParser, default: str | None = Non
     w = parser.add_argument_group("workload")
     tail = f" (default {default} when no --trace)" if default else ""
     w.add_argument("--workload", default=None,
-                   help=f"a preset ({', '.join(PRESETS)}) or a key=value spec{tail}")
+                   help=f"a preset ({', '.join(PRESETS)}), a preset with arrival keys "
+                   "(finance-qa,n=20000; finance-qa,arrival=poisson,rate=0.4,n=100000) or a "
+                   f"key=value spec{tail}")
     w.add_argument("--trace", type=Path, help="a trace file instead of --workload")
     w.add_argument("--trace-format", choices=formats(), help="format of --trace")
     w.add_argument("--trace-time-scale", type=float, default=1.0,

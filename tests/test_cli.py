@@ -60,3 +60,18 @@ def test_default_run_says_which_model_and_why_deepseek_does_not_fit():
     assert "DeepSeek-R1-Distill-Qwen-32B" in p.stdout
     assert "DeepSeek-V3" in p.stdout and "does not fit" in p.stdout
     assert "SLO" in p.stdout
+
+
+def test_simulate_finance_qa_open_loop_accounts_for_every_request(tmp_path):
+    """The users' mix at a rate (a preset with arrival keys) through the whole command:
+    every request comes out once with a status, the summary names the spec."""
+    out = tmp_path / "o"
+    spec = "finance-qa,arrival=poisson,rate=0.3,n=40"
+    p = run("simulate", "--workload", spec, "--step-time-backend", "roofline", "--out", str(out))
+    assert "requests 40:" in p.stdout
+    rids = [json.loads(line)["rid"] for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted(rids) == sorted(f"r{i}" for i in range(40))
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(summary["status"].values()) == 40
+    bad = run("simulate", "--workload", "finance-qa,output=fixed:3", check=False)
+    assert bad.returncode != 0 and "output cannot be set on the finance-qa preset" in bad.stderr

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from twin.errors import ConfigError
-from twin.workload import finance_qa, from_spec, get_workload
+from twin.workload import finance_qa, from_spec, get_workload, with_count
 
 
 def test_poisson_rate_and_lengths():
@@ -51,7 +51,44 @@ def test_finance_qa_mix():
     assert all(r.segments[0] == (1, 256) for r in w.requests)
 
 
+def test_finance_qa_with_arrival_keys():
+    """`finance-qa,KEY=...`: the preset's shapes under another arrival process (a load
+    test's ramp, a long open-loop day); the bare name and its own closed loop unchanged."""
+    assert get_workload("finance-qa,n=600", 0).requests == finance_qa(0).requests
+    big = get_workload("finance-qa,n=1200,concurrency=64", 3)
+    assert big.concurrency == 64 and big.requests == finance_qa(3, n=1200, concurrency=64).requests
+    w = get_workload("finance-qa,arrival=poisson,rate=0.5,n=4000", 1)
+    t = np.array([r.arrival_s for r in w.requests])
+    p = np.array([r.prompt_tokens for r in w.requests])
+    assert w.concurrency is None and w.name == "finance-qa,arrival=poisson,rate=0.5,n=4000"
+    assert len(t) == 4000 and (np.diff(t) >= 0).all() and abs(len(t) / t[-1] - 0.5) < 0.04
+    assert 0.85 < (p < 1000).mean() < 0.93 and ((p >= 64_000) & (p <= 128_000)).any()
+    assert all(r.segments[0] == (1, 256) for r in w.requests)
+    assert {r.priority for r in w.requests} == {0, 10, 20}
+    assert w.requests == get_workload("finance-qa,arrival=poisson,rate=0.5,n=4000", 1).requests
+    ramp = get_workload("finance-qa,arrival=ramp,rate=1,steps=0.5:2,step_s=400", 2)
+    t = np.array([r.arrival_s for r in ramp.requests])
+    assert 150 < (t < 400).sum() < 250 and 700 < (t >= 400).sum() < 900
+    bench = get_workload("finance-qa,clients=bench", 0)
+    assert bench.clients == "bench" and bench.requests == finance_qa(0).requests
+
+
+def test_with_count_sets_n_except_on_a_ramp():
+    assert with_count("finance-qa,arrival=poisson,rate=0.4", 50) == \
+        "finance-qa,arrival=poisson,rate=0.4,n=50"
+    assert with_count("finance-qa", 7) == "finance-qa,arrival=closed,n=7"
+    assert len(get_workload(with_count("finance-qa", 7), 0).requests) == 7
+    assert with_count("arrival=closed,concurrency=2,n=9", 3) == \
+        "arrival=closed,concurrency=2,n=3"
+    assert with_count("arrival=ramp,rate=1", 5) == "arrival=ramp,rate=1"
+
+
 @pytest.mark.parametrize("spec,msg", [
+    ("finance-qa,prompt=fixed:5", "prompt cannot be set on the finance-qa preset"),
+    ("finance-qa,templates=2,share=1", "templates, share cannot be set"),
+    ("finance-qa,rate=1", r"rate has no effect with arrival=closed \(the preset's default\)"),
+    ("finance-qa,arrival=poisson,concurrency=3", "concurrency has no effect"),
+    ("finance-qa,n=0", "n=0"), ("finance-qa,clients=x", "allowed values: replay, bench"),
     ("arrival=bogus", "allowed values"), ("foo=1", "known keys"),
     ("prompt=weird:1", "distribution"), ("rate=-1", "> 0"),
     ("prompt=uniform:5:1", "A <= B"), ("tiers=x", "PRIORITY:WEIGHT")])

@@ -13,7 +13,7 @@ See `SPEC_HELP` for every key, and `PRESETS` for named workloads such as `financ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -177,7 +177,12 @@ SPEC_KEYS: dict[str, str] = {
     "system_prompt": "tokens of one system prompt every request starts with (default 0)",
     "tiers": "priority tiers PRIORITY:WEIGHT separated by '/', e.g. 0:0.8/10:0.2",
 }
-SPEC_HELP = "workload spec keys: " + "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS.items())
+SPEC_HELP = ("workload spec keys: " + "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS.items())
+             + ". A preset's name may be followed by arrival keys, which replace its closed "
+             "loop and keep its shapes (n defaults to 600, concurrency to 50): "
+             "finance-qa,n=20000 (50 clients, 20,000 requests); "
+             "finance-qa,arrival=poisson,rate=0.4,n=100000; finance-qa,arrival=ramp,rate=0.9,"
+             "steps=0.25:0.5:1:1.5:2,step_s=600 (a load test stepping up to twice 0.45 req/s)")
 
 
 # Keys that mean something only for some arrival processes; any other is refused, so
@@ -192,24 +197,39 @@ COMMON_KEYS = ("arrival", "prompt", "output", "templates", "template_len", "shar
                "system_prompt", "tiers")
 
 
-def parse_spec(spec: str) -> dict[str, str]:
+def parse_spec(spec: str, preset: str | None = None) -> dict[str, str]:
+    """The spec's `key=value` items, checked. With `preset` (the items after a preset's
+    name, `finance-qa,n=20000`) only the arrival keys are allowed, the preset fixing the
+    shapes, and the arrival defaults to the preset's closed loop."""
+    label = f"workload {preset},{spec}" if preset else f"workload spec {spec!r}"
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, sep, value = part.partition("=")
         if not sep or key not in SPEC_KEYS:
-            raise ConfigError(f"workload spec {spec!r}: bad item {part!r}; known keys: "
+            raise ConfigError(f"{label}: bad item {part!r}; known keys: "
                               f"{', '.join(SPEC_KEYS)}")
         if key in out:
-            raise ConfigError(f"workload spec {spec!r}: key {key!r} given twice")
+            raise ConfigError(f"{label}: key {key!r} given twice")
         out[key] = value.strip()
+    if preset is not None:
+        fixed = [k for k in out if k in COMMON_KEYS and k != "arrival"]
+        if fixed:
+            raise ConfigError(f"{label}: {', '.join(fixed)} cannot be set on "
+                              f"the {preset} preset (it fixes the request shapes; its keys: "
+                              f"arrival and the arrival's own: "
+                              + "; ".join(f"{a}: {', '.join(k)}"
+                                          for a, k in ARRIVAL_KEYS.items()) + ")")
+        out.setdefault("arrival", "closed")
     arrival = out.get("arrival", "poisson")
     if arrival not in ARRIVAL_KEYS:
         raise ConfigError(f"workload key arrival={arrival!r}: allowed values: "
                           f"{', '.join(ARRIVAL_KEYS)}")
     unused = [k for k in out if k not in (*COMMON_KEYS, *ARRIVAL_KEYS[arrival])]
     if unused:
-        raise ConfigError(f"workload spec {spec!r}: {', '.join(unused)} has no effect with "
-                          f"arrival={arrival} (it takes {', '.join(ARRIVAL_KEYS[arrival])})")
+        default = " (the preset's default)" if preset and "arrival" not in spec else ""
+        raise ConfigError(f"{label}: {', '.join(unused)} has no effect with "
+                          f"arrival={arrival}{default} (it takes "
+                          f"{', '.join(ARRIVAL_KEYS[arrival])})")
     return out
 
 
@@ -250,8 +270,29 @@ class SegmentIds:
         return self._next
 
 
+def split_preset(spec: str) -> tuple[str | None, str]:
+    """(preset name, the rest) for `PRESET[,key=value...]`; (None, spec) for a plain spec."""
+    head, _, rest = spec.partition(",")
+    head = head.strip()
+    return (head, rest) if head in PRESETS else (None, spec)
+
+
 def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
-    """Build a workload from a `key=value,...` spec (see `SPEC_HELP`)."""
+    """Build a workload from a `key=value,...` spec (see `SPEC_HELP`), or from a preset's
+    name followed by arrival keys (`finance-qa,arrival=poisson,rate=0.4,n=100000`)."""
+    preset, rest = split_preset(spec)
+    if preset is not None:
+        opts = parse_spec(rest, preset)
+        if opts["arrival"] != "ramp":
+            opts.setdefault("n", "600")  # the preset's own defaults
+        if opts["arrival"] == "closed":
+            opts.setdefault("concurrency", "50")
+        if set(opts) == {"arrival", "n", "concurrency"} and opts["arrival"] == "closed":
+            # the preset's own closed loop: the same requests as the bare name for its n
+            return PRESETS[preset](seed, n=int(_num(opts, "n", 600, Rule(
+                integer=True, lo=1, hi=MAX_REQUESTS))), concurrency=int(_num(
+                    opts, "concurrency", 50, COUNT)))
+        return replace(PRESETS[preset](seed, arrivals=opts), name=name or spec)
     opts = parse_spec(spec)
     rng = _rng(seed)
     times, concurrency = _arrivals(opts, rng)
@@ -282,6 +323,16 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
                           f"{', '.join(CLIENTS)}")
     return Workload(name or spec, tuple(requests), concurrency, description=spec,
                     clients=clients)
+
+
+def with_count(spec: str, n: int) -> str:
+    """`spec` asking for `n` requests (a ramp's count is its draw's: unchanged)."""
+    preset, rest = split_preset(spec)
+    opts = parse_spec(rest, preset)
+    if opts.get("arrival", "poisson") == "ramp":
+        return spec
+    opts = {**opts, "n": str(n)}
+    return ",".join([*([preset] if preset else []), *(f"{k}={v}" for k, v in opts.items())])
 
 
 def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
@@ -316,7 +367,8 @@ def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarra
 
 
 # ---- presets ----------------------------------------------------------------------------
-def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
+def finance_qa(seed: int, n: int = 600, concurrency: int = 50,
+               arrivals: dict[str, str] | None = None) -> Workload:
     """The users' financial knowledge-base QA mix (docs/workloads.md gives the reasons):
 
     - closed loop, 50 concurrent clients ("50+ concurrent requests is the norm"), 600 requests;
@@ -329,8 +381,19 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
       one of 20 shared legal-clause templates of 2,048 tokens;
     - VIP tiers: priority 0 (80%), 10 (15%), 20 (5%; preempts tier 0 under SGLang's default
       threshold of 10 when priority scheduling is on).
+
+    `arrivals` (parsed spec keys: `arrival`, `rate`, `n`, ...) replaces the closed loop by
+    that arrival process (`finance-qa,arrival=ramp,rate=0.9` steps the load up as the
+    users' load tests do). Its times are drawn first (a ramp's draw sets the count), so
+    the shapes differ from the closed loop's for the same seed.
     """
     rng = _rng(seed)
+    if arrivals is not None:
+        times, concurrency = _arrivals(arrivals, rng)  # before the shapes: a ramp's count
+        n = len(times)
+        clients = arrivals.get("clients", "replay")
+    else:
+        times, clients = np.zeros(n), "replay"
     ids = SegmentIds()
     kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
     tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
@@ -348,9 +411,12 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50) -> Workload:
                 segs.append((2000 + int(rng.integers(0, 20)), 2048))
                 body -= 2048
         segs.append((ids.unique(), body))
-        requests.append(Request.make(f"r{i}", 0.0, segs, out, int(tiers[i])))
+        requests.append(Request.make(f"r{i}", times[i], segs, out, int(tiers[i])))
+    if clients not in CLIENTS:
+        raise ConfigError(f"workload key clients={clients!r}: allowed values: "
+                          f"{', '.join(CLIENTS)}")
     return Workload("finance-qa", tuple(requests), concurrency,
-                    description=finance_qa.__doc__ or "")
+                    description=finance_qa.__doc__ or "", clients=clients)
 
 
 PRESETS = {"finance-qa": finance_qa}

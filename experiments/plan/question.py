@@ -190,15 +190,12 @@ class WorkloadSource:
     offset_s: float = 0.0
 
     def requests(self, n: int | None) -> Workload:
-        from twin.workload import PRESETS, from_spec, parse_spec
+        from twin.workload import PRESETS, from_spec, with_count
 
         if self.kind == "preset":
             return PRESETS[self.name](self.seed, **({} if n is None else {"n": n}))
         if self.kind == "spec":
-            spec = self.name
-            if n is not None and parse_spec(spec).get("arrival", "poisson") != "ramp":
-                opts = {**parse_spec(spec), "n": str(n)}
-                spec = ",".join(f"{k}={v}" for k, v in opts.items())
+            spec = self.name if n is None else with_count(self.name, n)
             return from_spec(spec, self.seed, name=self.name)
         from twin.traces import load_trace
 
