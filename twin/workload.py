@@ -289,9 +289,9 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
             opts.setdefault("concurrency", "50")
         if set(opts) == {"arrival", "n", "concurrency"} and opts["arrival"] == "closed":
             # the preset's own closed loop: the same requests as the bare name for its n
-            return PRESETS[preset](seed, n=int(_num(opts, "n", 600, Rule(
+            return replace(PRESETS[preset](seed, n=int(_num(opts, "n", 600, Rule(
                 integer=True, lo=1, hi=MAX_REQUESTS))), concurrency=int(_num(
-                    opts, "concurrency", 50, COUNT)))
+                    opts, "concurrency", 50, COUNT))), name=name or spec)
         return replace(PRESETS[preset](seed, arrivals=opts), name=name or spec)
     opts = parse_spec(spec)
     rng = _rng(seed)
