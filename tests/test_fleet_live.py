@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -236,11 +237,17 @@ def test_cache_aware_keeps_templates_together_and_the_twin_agrees(runs, work, fl
     assert fl.cached_share(run.records) > fl.cached_share(runs["round_robin"].records)
     assert fl.cached_share(run.records) == pytest.approx(fl.cached_share(twin_recs), abs=0.1)
     # the request split is a race on in-flight counts (docs/fleet-live.md): the calibrated
-    # twin finds it one too (more than one outcome when its steps or send times move a
-    # little); the live draw was among its outcomes in two benchmark runs of three and
-    # not in one test run (23/1), so it is reported, not asserted
+    # twin usually finds it one too (more than one outcome when its steps or send times
+    # move a little), but not for every draw of send times (a CI run: 17/7 in all 25
+    # perturbed runs), and the live draw was among its outcomes in two benchmark runs of
+    # three and not in one test run (23/1); so the split is reported, not asserted. What
+    # is asserted: every perturbed run serves every request once, on the two replicas
     dist = fl.split_distribution(info, "cache_aware", run.sent(work), profile, run.order)
-    assert len(dist) > 1, dist
+    live_split = sorted(Counter(r["replica"] for r in run.records).values(), reverse=True)
+    print(f"cache_aware split: live {'/'.join(map(str, live_split))}, twin perturbed {dist}")
+    assert sum(dist.values()) == 25
+    n = len(work.requests)
+    assert all(sum(map(int, k.split("/"))) == n and len(k.split("/")) <= 2 for k in dist), dist
 
 
 @pytest.mark.live
