@@ -69,7 +69,8 @@ def main() -> None:
                                capture_output=True, text=True)
         if build.returncode:
             sys.exit(f"compiled_check: the build failed:\n{build.stderr[-3000:]}")
-        built = sorted(str(p.relative_to(compiled)) for p in compiled.rglob("*.so"))
+        built = sorted(str(p.relative_to(compiled)) for p in compiled.rglob("*.so")
+                       if "build" not in p.relative_to(compiled).parts)
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip()
         print(f"# compiled_check {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
