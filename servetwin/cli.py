@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from twin.errors import ServetwinError
@@ -37,6 +38,12 @@ COMMANDS = {"simulate": "servetwin.cmd_simulate", "perf": "servetwin.cmd_perf",
             "rl": "servetwin.cmd_rl", "plan": "servetwin.cmd_plan",
             "report": "servetwin.cmd_report", "alerts": "servetwin.cmd_alerts",
             "emulate": "servetwin.cmd_emulate"}
+# Commands whose numpy work is on small arrays and that start no server: one OpenBLAS
+# thread (unless the user set it), since OpenBLAS starts a thread per core when numpy is
+# imported, and those threads' start-up alone costs about 0.1 CPU-s a process
+# (benchmarks/startup_speed.py). Not for `live`, `calibrate`, `validate`, `emulate` or `rl`:
+# the servers they start and torch inherit the environment.
+ONE_BLAS_THREAD = ("simulate", "perf", "plan", "claims", "report", "alerts")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -63,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["simulate"]  # the built-in default: the finance-qa workload
+    if argv[0] in ONE_BLAS_THREAD and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser(argv[0])
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "_accepts_extra", False):
