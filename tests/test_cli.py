@@ -75,3 +75,21 @@ def test_simulate_finance_qa_open_loop_accounts_for_every_request(tmp_path):
     assert sum(summary["status"].values()) == 40
     bad = run("simulate", "--workload", "finance-qa,output=fixed:3", check=False)
     assert bad.returncode != 0 and "output cannot be set on the finance-qa preset" in bad.stderr
+
+
+@pytest.mark.parametrize("command,preset,expect", [
+    ("simulate", None, "1"), ("plan", None, "1"), ("simulate", "4", "4"),
+    ("live", None, None), ("calibrate", None, None), ("rl", None, None)])
+def test_one_openblas_thread_only_where_no_server_or_torch_runs(command, preset, expect):
+    """simulate and the other twin-only commands run numpy's OpenBLAS on one thread (its
+    per-core threads cost CPU at import); the commands that start servers or torch keep the
+    environment their children inherit; a user's own setting always wins."""
+    code = ("import os, sys\nfrom servetwin import cli\ntry:\n"
+            f"    cli.main([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert f"BLAS {expect}" in p.stdout.splitlines()[-1], p.stdout[-500:] + p.stderr[-2000:]
