@@ -219,14 +219,16 @@ def parse_spec(spec: str, preset: str | None = None) -> dict[str, str]:
                               f"arrival and the arrival's own: "
                               + "; ".join(f"{a}: {', '.join(k)}"
                                           for a, k in ARRIVAL_KEYS.items()) + ")")
-        out.setdefault("arrival", "closed")
+    defaulted = preset is not None and "arrival" not in out
+    if defaulted:
+        out["arrival"] = "closed"
     arrival = out.get("arrival", "poisson")
     if arrival not in ARRIVAL_KEYS:
         raise ConfigError(f"workload key arrival={arrival!r}: allowed values: "
                           f"{', '.join(ARRIVAL_KEYS)}")
     unused = [k for k in out if k not in (*COMMON_KEYS, *ARRIVAL_KEYS[arrival])]
     if unused:
-        default = " (the preset's default)" if preset and "arrival" not in spec else ""
+        default = " (the preset's default)" if defaulted else ""
         raise ConfigError(f"{label}: {', '.join(unused)} has no effect with "
                           f"arrival={arrival}{default} (it takes "
                           f"{', '.join(ARRIVAL_KEYS[arrival])})")
@@ -282,17 +284,8 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
     name followed by arrival keys (`finance-qa,arrival=poisson,rate=0.4,n=100000`)."""
     preset, rest = split_preset(spec)
     if preset is not None:
-        opts = parse_spec(rest, preset)
-        if opts["arrival"] != "ramp":
-            opts.setdefault("n", "600")  # the preset's own defaults
-        if opts["arrival"] == "closed":
-            opts.setdefault("concurrency", "50")
-        if set(opts) == {"arrival", "n", "concurrency"} and opts["arrival"] == "closed":
-            # the preset's own closed loop: the same requests as the bare name for its n
-            return replace(PRESETS[preset](seed, n=int(_num(opts, "n", 600, Rule(
-                integer=True, lo=1, hi=MAX_REQUESTS))), concurrency=int(_num(
-                    opts, "concurrency", 50, COUNT))), name=name or spec)
-        return replace(PRESETS[preset](seed, arrivals=opts), name=name or spec)
+        return replace(PRESETS[preset](seed, arrivals=parse_spec(rest, preset)),
+                       name=name or spec)
     opts = parse_spec(spec)
     rng = _rng(seed)
     times, concurrency = _arrivals(opts, rng)
@@ -335,8 +328,11 @@ def with_count(spec: str, n: int) -> str:
     return ",".join([*([preset] if preset else []), *(f"{k}={v}" for k, v in opts.items())])
 
 
-def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarray, int | None]:
-    """Arrival times (and the client count of a closed loop) for a parsed spec."""
+def _arrivals(opts: dict[str, str], rng: np.random.Generator, n: int = 100,
+              concurrency: int = 8) -> tuple[np.ndarray, int | None]:
+    """Arrival times (and the client count of a closed loop) for a parsed spec; `n` and
+    `concurrency` are the defaults of the keys (a preset passes its own). A closed loop
+    draws nothing from `rng`."""
     arrival = opts.get("arrival", "poisson")
     if arrival == "ramp":
         steps = opts.get("steps", "0.25:0.5:1:1.5:2")
@@ -354,9 +350,9 @@ def _arrivals(opts: dict[str, str], rng: np.random.Generator) -> tuple[np.ndarra
             raise ConfigError(f"workload ramp rate={rate:g}, step_s={step_s:g}: the draw gave "
                               "no request; raise the rate or the step length")
         return times, None
-    n = int(_num(opts, "n", 100, Rule(integer=True, lo=1, hi=MAX_REQUESTS)))
+    n = int(_num(opts, "n", n, Rule(integer=True, lo=1, hi=MAX_REQUESTS)))
     if arrival == "closed":
-        return np.zeros(n), int(_num(opts, "concurrency", 8, COUNT))
+        return np.zeros(n), int(_num(opts, "concurrency", concurrency, COUNT))
     rate = _num(opts, "rate", 1.0)
     if n / rate > MAX_TIME_S:
         raise ConfigError(f"workload key rate={rate:g}: {n} requests would span about "
@@ -384,16 +380,14 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50,
 
     `arrivals` (parsed spec keys: `arrival`, `rate`, `n`, ...) replaces the closed loop by
     that arrival process (`finance-qa,arrival=ramp,rate=0.9` steps the load up as the
-    users' load tests do). Its times are drawn first (a ramp's draw sets the count), so
-    the shapes differ from the closed loop's for the same seed.
+    users' load tests do); `n` and `concurrency` are its keys' defaults. Its times are
+    drawn first (a ramp's draw sets the count); a closed loop draws none, so
+    `arrival=closed` gives the same requests as the bare preset for the same n.
     """
     rng = _rng(seed)
-    if arrivals is not None:
-        times, concurrency = _arrivals(arrivals, rng)  # before the shapes: a ramp's count
-        n = len(times)
-        clients = arrivals.get("clients", "replay")
-    else:
-        times, clients = np.zeros(n), "replay"
+    arrivals = {"arrival": "closed"} if arrivals is None else arrivals
+    times, concurrency = _arrivals(arrivals, rng, n, concurrency)  # before the shapes
+    n = len(times)
     ids = SegmentIds()
     kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
     tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
@@ -412,11 +406,9 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50,
                 body -= 2048
         segs.append((ids.unique(), body))
         requests.append(Request.make(f"r{i}", times[i], segs, out, int(tiers[i])))
-    if clients not in CLIENTS:
-        raise ConfigError(f"workload key clients={clients!r}: allowed values: "
-                          f"{', '.join(CLIENTS)}")
-    return Workload("finance-qa", tuple(requests), concurrency,
-                    description=finance_qa.__doc__ or "", clients=clients)
+    return Workload("finance-qa", tuple(requests), concurrency,  # checks `clients`
+                    description=finance_qa.__doc__ or "",
+                    clients=arrivals.get("clients", "replay"))
 
 
 PRESETS = {"finance-qa": finance_qa}
