@@ -16,9 +16,6 @@ libpython3.11-dev).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_speed import WORKLOADS, run_once, same_files  # noqa: E402
+from sim_speed import WORKLOADS, header, run_once, same_files  # noqa: E402
 
 HOT = ["twin/replica.py", "twin/replica_memory.py", "twin/admission.py", "twin/prefix.py",
        "twin/memory/__init__.py", "twin/perf/step_cache.py", "twin/cluster.py"]
@@ -73,10 +70,7 @@ def main() -> None:
                        if "build" not in p.relative_to(compiled).parts)
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip()
-        print(f"# compiled_check {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
-              f"{platform.node()} ({platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}; "
-              f"Cython {Cython.__version__}; compiled: {', '.join(built)}")
+        print(f"# {header('compiled_check')}; tree {head}; Cython {Cython.__version__}; compiled: {', '.join(built)}")
         print("| workload | requests | plain CPU s | compiled CPU s | compiled / plain | "
               "records |")
         print("|---|---|---|---|---|---|")

@@ -49,6 +49,13 @@ def takes_preset_keys(tree: Path) -> bool:
     return "def split_preset" in (tree / "twin" / "workload.py").read_text()
 
 
+def header(tool: str) -> str:
+    """The first line of a benchmark's output: what ran, when and on which machine."""
+    return (f"{tool} {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
+            f"{platform.node()} ({platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} CPUs, Python {platform.python_version()})")
+
+
 def run_once(tree: Path, argv: list[str], out: Path) -> tuple[float, float, bool]:
     """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -101,9 +108,7 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
     base = base_tree(ns.base) if ns.base else None
-    print(f"# sim_speed {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on "
-          f"{platform.node()} ({platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}); tree {head}"
+    print(f"# {header('sim_speed')}; tree {head}"
           + (" (+ uncommitted)" if subprocess.run(
               ["git", "-C", str(new), "diff", "--quiet", "HEAD", "--", "twin"]).returncode
              else "") + (f", base {ns.base}" if base else ""))
