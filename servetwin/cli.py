@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["simulate"]  # the built-in default: the finance-qa workload
+    # only in a fresh process: once numpy is loaded the setting no longer acts here, and a
+    # caller's process (a test session calling `main`) must not pass it to the servers it
+    # starts later
     if argv[0] in ONE_BLAS_THREAD and "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser(argv[0])
