@@ -35,7 +35,7 @@ from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
 from twin.perf.step_cache import memo_for
 from twin.policy import CLIP_MAX_NEW_TOKENS, Plan, Policy, Snapshot
-from twin.policy.base import ChunkPlan
+from twin.policy.base import ChunkPlan, keyed_order
 from twin.policy.check import validate_chunk_plan
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
@@ -419,6 +419,16 @@ class Replica(Inbox, KVMemory, CutRuns):
                 self._match(r)
         if len(self.waiting) < 2 and not self.decider_takes_all:
             return None
+        d = self.decider
+        if type(d) is PolicyDecider and d.log is None:  # the policy's answer without a
+            if d.policy.keeps_queue_order():  # snapshot, where it needs none (issue 14)
+                return None
+            key = d.policy.sort_key() if type(d.policy).decide is Policy.decide else None
+            if key is not None:  # its `order` is `keyed_order` over the waiting views
+                ratio = self.new_token_ratio
+                order = keyed_order([view(r, ratio, False) for r in self.waiting], key)
+                self.waiting = [self.waiting[i] for i in order]
+                return None
         plan = yield from self._decide(self.snapshot(now))
         self.waiting = [self.waiting[i] for i in plan.order]
         return plan.admit

@@ -190,6 +190,15 @@ class Policy:
         SGLang's own chunk, no parking."""
         return ChunkPlan()
 
+    def keeps_queue_order(self) -> bool:
+        """Whether every answer to an order question is the queue as it is, with no
+        admission limit: the base's `order` and `decide` without priority scheduling
+        (SGLang's fcfs, whose `calc_priority` returns at once). An engine may then skip
+        the question, and the snapshot it would be asked from: the answer is the same."""
+        cls = type(self)
+        return (not self.priority_scheduling and cls.order is Policy.order
+                and cls.decide is Policy.decide)
+
     def sort_key(self) -> Callable[[RequestView], Any] | None:
         """The policy's order as a key over one request's view, when its order is a stable
         sort of the queue by such a key (it reads the request alone, not the pass's time
