@@ -1,6 +1,9 @@
 """The replica answers an order question without a snapshot where the policy needs none
-(`Policy.keeps_queue_order`: fcfs; `Policy.sort_key`: priority, lof), and that answer is
-the one asking the policy gives: the same records, pass for pass (issue 14)."""
+(`Policy.keeps_queue_order`: fcfs; `Policy.sort_key`: priority, lof), and builds the
+running batch's views only when a policy reads them (`twin.views.RunningViews`); either
+way the answer is the one asking the policy from a whole snapshot gives: the same
+records, pass for pass (issue 14). A recorded decision (`PolicyDecider.log`) always has
+the whole snapshot, so the recorded run is the reference."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from twin.metrics import twin_records
 from twin.policy import Policy, Snapshot, make_policy
 from twin.policy.base import RequestView
 from twin.sim import SimConfig, build_policy, build_replica
+from twin.views import RunningViews, _build
 from twin.workload import from_spec
 
 # overloaded, so that many requests wait at most passes; three priority tiers
@@ -24,7 +28,8 @@ LOAD = ("arrival=poisson,rate=12,n=160,prompt=uniform:300:3000,output=uniform:20
 def _run(policy_name: str, priority: bool, ask: bool):
     args = ServerArgs(model_path=MODEL, schedule_policy=policy_name,
                       enable_priority_scheduling=priority, max_running_requests=8)
-    cfg = SimConfig(args=args, gpu=GPU, step_time_backend="roofline", sample_every_s=1.0)
+    cfg = SimConfig(args=args, gpu=GPU, step_time_backend="roofline", sample_every_s=1.0,
+                    ignore_eos=False)  # reservations read new_token_ratio
     env = simpy.Environment()
     decider = PolicyDecider(build_policy(cfg))
     if ask:
@@ -36,8 +41,9 @@ def _run(policy_name: str, priority: bool, ask: bool):
     return rep, twin_records(rep.finished, rep.step_end), decider.log
 
 
-@pytest.mark.parametrize("name,priority", [("fcfs", False), ("fcfs", True), ("lof", False),
-                                           ("lpm", False)])
+@pytest.mark.parametrize("name,priority", [
+    ("fcfs", False), ("fcfs", True), ("lof", False), ("lpm", False), ("dfs-weight", False),
+    ("shortest-prefill-first", False), ("lof", True)])
 def test_shortcut_gives_the_answer_the_policy_gives(name, priority):
     rep_a, recs_a, log = _run(name, priority, ask=True)
     rep_b, recs_b, _ = _run(name, priority, ask=False)
@@ -71,3 +77,23 @@ def test_which_policies_keep_the_queue_order():
     assert not _Reorders().keeps_queue_order()
     snap = Snapshot(now=0.0, waiting=(RequestView("a"), RequestView("b")), running=())
     assert Policy().decide(snap).order == (0, 1)  # what the shortcut stands for
+
+
+def test_running_views_are_built_on_demand_and_only_during_the_decision():
+    rep, _, _ = _run("fcfs", False, ask=False)
+    reqs = rep.finished[:3]
+    for r in reqs:  # as if still decoding: a reservation that reads the ratio
+        r.generated_tokens, r.ignore_eos = 5, False
+    lazy = RunningViews(reqs, 0.7)
+    assert len(lazy) == 3 and bool(lazy) and lazy._views is None  # no view built
+    assert lazy.views() == tuple(_build(r, 0.7, True) for r in reqs)
+    assert lazy[0].reserved_tokens == (reqs[0].max_new_tokens - 5) * 0.7
+    assert lazy == tuple(lazy) and hash(lazy) == hash(tuple(lazy)) and lazy[1:] == lazy.views()[1:]
+    lazy.close()
+    assert lazy[0].rid == reqs[0].rid  # read during the decision: kept
+    late = RunningViews(reqs, 0.7)
+    late.close()
+    assert len(late) == 3  # no view needed
+    with pytest.raises(RuntimeError, match="after its decision"):
+        late[0]
+    assert not RunningViews([], 0.7)

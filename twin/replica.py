@@ -40,7 +40,7 @@ from twin.policy.check import validate_chunk_plan
 from twin.prefix import RadixCache
 from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
-from twin.views import view
+from twin.views import RunningViews, view
 from twin.workload import Request
 
 __all__ = ["Counters", "DefragConfig", "Feed", "Replica", "SwapConfig"]
@@ -383,9 +383,10 @@ class Replica(Inbox, KVMemory, CutRuns):
         return replace(view(r, self.new_token_ratio, False), prefix_len=r.computed)
 
     def _ask_chunk(self, r: SimRequest, seen=None) -> ChunkPlan:
-        plan = self.policy.chunk(self.snapshot(self.env.now),
-                                 self._chunked_view(r) if seen is None else seen,
+        snap = self.snapshot(self.env.now, lazy=True)  # answered at once, not kept
+        plan = self.policy.chunk(snap, self._chunked_view(r) if seen is None else seen,
                                  self.cap.chunked_prefill_size or 0, self.page)
+        snap.running.close()
         why = validate_chunk_plan(plan, self.page)
         if why:
             raise ServetwinError(f"policy {self.policy.name!r} broke its contract at "
@@ -393,20 +394,31 @@ class Replica(Inbox, KVMemory, CutRuns):
         return plan
 
     def snapshot(self, now: float, candidate: int | None = None,
-                 tokens_needed: float = 0.0) -> Snapshot:
-        """The frozen view of this server a decision is made from."""
+                 tokens_needed: float = 0.0, lazy: bool = False) -> Snapshot:
+        """The frozen view of this server a decision is made from. `lazy`: the running
+        views are built only if the policy reads them (`RunningViews`; the caller closes
+        them once answered), for a decision made at once and not kept."""
         ratio = self.new_token_ratio
         return Snapshot(
             now=now, waiting=tuple(view(r, ratio, False) for r in self.waiting),
-            running=tuple(view(r, ratio, True) for r in self.running),
+            running=RunningViews(self.running, ratio) if lazy else
+            tuple(view(r, ratio, True) for r in self.running),
             kv_free=self.alloc.available(), kv_evictable=self.evictable(),
             kv_capacity=self.cap.max_total_num_tokens, new_token_ratio=ratio,
             max_running_requests=self.cap.max_running_requests,
             processed_tokens=self.counters.prefill_tokens, candidate=candidate,
             tokens_needed=tokens_needed)
 
-    def _decide(self, snap: Snapshot) -> Iterator[simpy.Event]:
-        ans = self.decider.ask(snap)
+    def _decide(self, now: float, candidate: int | None = None,
+                tokens_needed: float = 0.0) -> Iterator[simpy.Event]:
+        """The decider's plan for a question asked from a snapshot of now. A policy that
+        answers at once, with nothing recorded, gets the running views on demand."""
+        d = self.decider
+        lazy = type(d) is PolicyDecider and d.log is None
+        snap = self.snapshot(now, candidate, tokens_needed, lazy)
+        ans = d.ask(snap)
+        if lazy:
+            snap.running.close()
         if isinstance(ans, Plan):
             return ans
         plan = yield ans
@@ -429,7 +441,7 @@ class Replica(Inbox, KVMemory, CutRuns):
                 order = keyed_order([view(r, ratio, False) for r in self.waiting], key)
                 self.waiting = [self.waiting[i] for i in order]
                 return None
-        plan = yield from self._decide(self.snapshot(now))
+        plan = yield from self._decide(now)
         self.waiting = [self.waiting[i] for i in plan.order]
         return plan.admit
 
@@ -441,7 +453,7 @@ class Replica(Inbox, KVMemory, CutRuns):
                   - adder.rem_total())
         if not self.running:
             return False
-        plan = yield from self._decide(self.snapshot(self.env.now, i, needed))
+        plan = yield from self._decide(self.env.now, i, needed)
         if not plan.victims:
             return False
         for j in sorted(plan.victims, reverse=True):

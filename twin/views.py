@@ -5,6 +5,7 @@ last view, reused while the state it was built from is unchanged)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from twin.policy import RequestView, reservation
@@ -64,3 +65,51 @@ def _build(r: SimRequest, ratio: float, running: bool) -> RequestView:
         first_token_s=r.first_token_s, round_start_s=r.round_start_s if running else None,
         arrival_work=r.arrival_work, head=r.head,  # None when the prompt is < 32 tokens
         prefix_path=prefix_path(r.matched_node) if not running else ())
+
+
+class RunningViews(Sequence):
+    """The running batch's views for one decision, built when the policy first reads one
+    (an order question of SGLang's cache-aware policies reads only the queue): its length
+    and truth need none. It reads the requests as they are, so it is valid only while the
+    decision is made: `close()` after it; a view first read after that raises (the
+    requests have moved on). Compares and hashes as the tuple of its views."""
+
+    __slots__ = ("_reqs", "_ratio", "_views", "_open")
+
+    def __init__(self, reqs: list[SimRequest], ratio: float) -> None:
+        self._reqs, self._ratio = tuple(reqs), ratio
+        self._views: tuple[RequestView, ...] | None = None
+        self._open = True
+
+    def views(self) -> tuple[RequestView, ...]:
+        if self._views is None:
+            if not self._open:
+                raise RuntimeError("a snapshot's running views were first read after its "
+                                   "decision: a policy must not keep a snapshot")
+            ratio = self._ratio
+            self._views = tuple([view(r, ratio, True) for r in self._reqs])
+        return self._views
+
+    def close(self) -> None:
+        self._open = False
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):
+        return self.views()[i]
+
+    def __iter__(self):
+        return iter(self.views())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, RunningViews):
+            other = other.views()
+        return self.views() == other
+
+    def __hash__(self) -> int:
+        return hash(self.views())
+
+    def __repr__(self) -> str:
+        return repr(self.views()) if self._views is not None or self._open else (
+            f"<{len(self)} running views, never read>")
