@@ -6,7 +6,9 @@ Workloads: Vidur's (Poisson 1.5 req/s, prompt U(1000, 4000), output U(100, 500),
 Llama-3.1-8B on one A100-SXM-80GB), the same shapes at 5 req/s on one H100-SXM (a load it
 sustains: the 1M-request day), and the finance-qa mix on the users' deployment at its
 peak (the default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCIe at TP 2;
-`finance-qa,n=N` for N requests, the bare preset for its 600).
+`finance-qa,n=N` for N requests, the bare preset for its 600), and the same mix under
+SGLang's cache-aware `--schedule-policy lpm` (finance-qa-lpm: its shared templates are
+what lpm is for).
 
     python benchmarks/sim_speed.py [--sizes 10000 100000] [--base COMMIT] [--base-max N]
         [--workloads vidur h100] [--rounds 1]
@@ -40,6 +42,7 @@ WORKLOADS = {
                        "--workload", VIDUR.format(rate=5, n=n)],
     # the users' 50 clients for n requests; the bare preset (the default run) at its 600
     "finance-qa": lambda n: ["--workload", "finance-qa" if n == 600 else f"finance-qa,n={n}"],
+    "finance-qa-lpm": lambda n: [*WORKLOADS["finance-qa"](n), "--schedule-policy", "lpm"],
 }
 
 
@@ -124,7 +127,7 @@ def main() -> None:
                 new_out, base_out = Path(tmp) / "new", Path(tmp) / "base"
                 best_new = best_base = (float("inf"), 0.0, True)
                 run_base = base is not None and n <= ns.base_max and (
-                    w != "finance-qa" or n == 600 or takes_preset_keys(base))
+                    not w.startswith("finance-qa") or n == 600 or takes_preset_keys(base))
                 for _ in range(ns.rounds):
                     if run_base:
                         best_base = min(best_base, run_once(base, argv, base_out))
