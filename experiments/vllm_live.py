@@ -14,7 +14,8 @@ Scenarios, each aimed at one rule:
   requests hit the prefix cache, and how many tokens;
 - `seqs`: 10 requests 50 ms apart, 24 output tokens each: `max_num_seqs` 4 (never more
   than 4 generate at once) and FCFS admission (first tokens in arrival order);
-- `chunk`: a 1,500-token prompt arriving while a 64-token request decodes: with
+- `chunk`: a 1,500-token prompt arriving while a 64-token request decodes (200 output
+  tokens, so it still decodes through the prompt's prefill on a fast machine too): with
   `max_num_batched_tokens` 512 its prefill takes 3 steps (511 tokens each beside the
   decode), so the decoding request emits 3 tokens (4 if the prompt arrived mid-step)
   between the prompt's arrival and its first token (`chunk_steps`);
@@ -69,7 +70,7 @@ def workload(name: str, seed: int = 0) -> Workload:
     if name == "seqs":
         reqs = [Request.make(f"r{i}", 0.05 * i, [_own(i, 64)], 24) for i in range(10)]
     elif name == "chunk":
-        reqs = [Request.make("r0", 0.0, [_own(0, 64)], 40),
+        reqs = [Request.make("r0", 0.0, [_own(0, 64)], 200),
                 Request.make("r1", 0.4, [_own(1, 1500)], 8)]
     elif name == "preempt":
         reqs = [Request.make(f"r{i}", 0.05 * i, [_own(i, 300)], 500) for i in range(4)]
