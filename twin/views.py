@@ -5,11 +5,10 @@ last view, reused while the state it was built from is unchanged)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from twin.policy import RequestView, reservation
-from twin.policy.base import IN_BATCH_CHECK_THRESHOLD
+from twin.policy.base import IN_BATCH_CHECK_THRESHOLD, ViewSequence
 
 if TYPE_CHECKING:
     from twin.request_state import SimRequest
@@ -67,14 +66,14 @@ def _build(r: SimRequest, ratio: float, running: bool) -> RequestView:
         prefix_path=prefix_path(r.matched_node) if not running else ())
 
 
-class RunningViews(Sequence):
+class RunningViews(ViewSequence):
     """The running batch's views for one decision, built when the policy first reads one
     (an order question of SGLang's cache-aware policies reads only the queue): its length
     and truth need none. It reads the requests as they are, so it is valid only while the
     decision is made: `close()` after it; a view first read after that raises (the
     requests have moved on). Compares and hashes as the tuple of its views."""
 
-    __slots__ = ("_reqs", "_ratio", "_views", "_open")
+    __slots__ = ("_ratio", "_views", "_open")
 
     def __init__(self, reqs: list[SimRequest], ratio: float) -> None:
         self._reqs, self._ratio = tuple(reqs), ratio
@@ -92,23 +91,6 @@ class RunningViews(Sequence):
 
     def close(self) -> None:
         self._open = False
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def __getitem__(self, i):
-        return self.views()[i]
-
-    def __iter__(self):
-        return iter(self.views())
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, RunningViews):
-            other = other.views()
-        return self.views() == other
-
-    def __hash__(self) -> int:
-        return hash(self.views())
 
     def __repr__(self) -> str:
         return repr(self.views()) if self._views is not None or self._open else (

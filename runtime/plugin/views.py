@@ -8,11 +8,16 @@ Clock: SGLang stamps `time_stats` with `time.perf_counter()` (on Linux the same 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter
 
-from twin.policy.base import CLIP_MAX_NEW_TOKENS, IN_BATCH_CHECK_THRESHOLD, RequestView, reservation
+from twin.policy.base import (
+    CLIP_MAX_NEW_TOKENS,
+    IN_BATCH_CHECK_THRESHOLD,
+    RequestView,
+    ViewSequence,
+    reservation,
+)
 
 
 def head_of(req) -> int | None:
@@ -75,14 +80,14 @@ def preemptible_running(adder) -> list:
             if r not in adder.preempt_list and not r.finished()]
 
 
-class LazyViews(Sequence):
+class LazyViews(ViewSequence):
     """An immutable sequence of the views of `reqs`, built on first use: an order question
     of most policies never reads the running batch, and 16 running views cost more than
     SGLang's whole sort of 256 waiting requests. Built within the pass that made it (the
     order question, its log line, this pass's preempt questions), before anything a view
     reads changes; compares equal to the tuple of its views."""
 
-    __slots__ = ("_reqs", "_running", "_ratio", "_views", "_by_id")
+    __slots__ = ("_running", "_ratio", "_views", "_by_id")
 
     def __init__(self, reqs, running: bool, new_token_ratio: float) -> None:
         self._reqs = tuple(reqs)
@@ -100,25 +105,6 @@ class LazyViews(Sequence):
         if self._by_id is None:  # ids are unique: self._reqs holds every request alive
             self._by_id = dict(zip(map(id, self._reqs), self.views(), strict=True))
         return self._by_id.get(id(req))
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def __getitem__(self, i):
-        return self.views()[i]
-
-    def __iter__(self):
-        return iter(self.views())
-
-    def __eq__(self, other) -> bool:
-        mine = self.views()
-        return mine == (other.views() if isinstance(other, LazyViews) else other)
-
-    def __hash__(self) -> int:
-        return hash(self.views())
-
-    def __repr__(self) -> str:
-        return repr(self.views())
 
 
 #: what a waiting request's view reads that can change while the same `Req` waits: its

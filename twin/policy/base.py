@@ -21,7 +21,7 @@ process or an engine: a policy is a pure function of the snapshot and its own pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,36 @@ class RequestView:
     @property
     def uncached(self) -> int:
         return max(0, self.prompt_tokens - self.prefix_len)
+
+
+class ViewSequence(Sequence):
+    """A snapshot's waiting or running views built on their first read (an engine's
+    `Snapshot.waiting`/`.running` may be one): a subclass holds the requests in `_reqs`
+    and builds their views in `views()`. Its length needs no view; it compares and hashes
+    as the tuple of its views, so a policy sees a tuple."""
+
+    __slots__ = ("_reqs",)
+
+    def views(self) -> tuple[RequestView, ...]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):
+        return self.views()[i]
+
+    def __iter__(self):
+        return iter(self.views())
+
+    def __eq__(self, other) -> bool:
+        return self.views() == (other.views() if isinstance(other, ViewSequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.views())
+
+    def __repr__(self) -> str:
+        return repr(self.views())
 
 
 @dataclass(frozen=True, slots=True)
