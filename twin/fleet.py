@@ -49,6 +49,7 @@ from twin.inputs import (
     TOKENS,
     Rule,
 )
+from twin.interrupt import run_interruptible
 from twin.metrics import SERIES_FIELDS, SLO, write_records
 from twin.outputs import atomic_write_text, atomic_writer
 from twin.record_sink import CHUNK
@@ -559,10 +560,13 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         for w in dep.workers:  # the tickets hold the final attempts; nothing else needs them
             w.replica.finished = Count()
     dep.start(run_replicas=True)
+    def wait_in_events() -> None:
+        for w in dep.workers:
+            w.replica.wait_in_events()
+
     interrupted = None
-    try:
-        dep.env.run()
-    except KeyboardInterrupt:  # keep what is done: finalize gives the rest `aborted`
+    # keep what is done: finalize gives the rest `aborted` (stopped between events)
+    if run_interruptible(dep.env, wait_in_events):
         interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
     dep.finalize()
     if sink is not None:

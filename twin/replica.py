@@ -169,6 +169,11 @@ class Replica(Inbox, KVMemory, CutRuns):
             return None
         return env.timeout(dur)
 
+    def wait_in_events(self) -> None:
+        """From now on every busy period waits on an event (`_sleep` moves the clock on no
+        more), so that a run stopped between events (twin/interrupt.py) stops soon."""
+        self._fast_clock = False
+
     # ---- memory helpers -------------------------------------------------------------
     def room(self) -> int:
         """KV tokens a scheduling pass may count on: free, evictable cached tokens, and the

@@ -14,6 +14,7 @@ from twin.config import Capacity, ServerArgs, derive_capacity
 from twin.decider import Decider
 from twin.errors import ConfigError
 from twin.inputs import COUNT, FINITE, NON_NEGATIVE, POSITIVE, Rule, check, check_optional
+from twin.interrupt import run_interruptible
 from twin.memory import make_allocator
 from twin.memory_stats import memory_summary
 from twin.metrics import SERIES_FIELDS, SLO, summarize, twin_records, write_records
@@ -274,10 +275,9 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         rep.finished = sink
         rep.feed.done_tickets = Count()  # the deployment's tickets: not needed for one
     interrupted = None
-    try:
-        env.process(rep.run())
-        env.run()
-    except KeyboardInterrupt:  # keep what is done: every request still gets its record
+    env.process(rep.run())
+    # keep what is done: every request still gets its record (stopped between events)
+    if run_interruptible(env, rep.wait_in_events):
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
     if sink is not None:
         warmup = sink.skipped

@@ -177,6 +177,9 @@ class VllmReplica(Inbox):
         self.n_dec_steps = 0
         self._reset_kv()
 
+    def wait_in_events(self) -> None:
+        """Every busy period already waits on an event (twin/interrupt.py)."""
+
     def _reset_kv(self) -> None:
         # vLLM's free queue: never-used blocks first (a count), then freed ones in order
         self.fresh = self.n_blocks

@@ -1,0 +1,59 @@
+"""Ctrl-C during a simulation, taken between events.
+
+A KeyboardInterrupt raised wherever Python happens to be can land in the middle of
+bookkeeping: between taking a request from the source and giving it a ticket, say, and
+that request then has no record (the fleet's Ctrl-C test lost one of 40,000 that way).
+So while a simulation runs in the main thread, SIGINT only sets a flag; the run stops
+at the next event boundary, where every process waits at a `yield` and the state is
+whole, and the caller records what is unfinished as before.
+
+A replica moves the clock on without yielding while its wake-up is the next event
+anyway (`Replica._sleep`): once the arrivals are over, an overloaded replica drains its
+queue in one event, to the end. `on_signal` (the caller passes what turns that off:
+`Replica.wait_in_events`) makes it yield at its next busy period, so the loop sees the
+flag at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+import simpy
+from simpy.core import EmptySchedule
+
+
+def run_interruptible(env: simpy.Environment,
+                      on_signal: Callable[[], None] | None = None) -> bool:
+    """Run `env` until no events are left; True when Ctrl-C stopped it first. Outside the
+    main thread, or where SIGINT is ignored (a background job) or handled outside
+    Python, no handler is installed: a KeyboardInterrupt is caught wherever it lands,
+    as before."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or \
+            previous in (signal.SIG_IGN, None):  # None: a handler set outside Python
+        try:
+            env.run()
+        except KeyboardInterrupt:
+            return True
+        return False
+    stopped: list[int] = []
+
+    def handler(signum, frame) -> None:
+        stopped.append(signum)
+        if on_signal is not None:
+            on_signal()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        step = env.step
+        while not stopped:
+            step()
+    except EmptySchedule:
+        return bool(stopped)
+    except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
+        return True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return True
