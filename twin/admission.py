@@ -39,8 +39,11 @@ class Adder:
         integers (the same value, without a call per request)."""
         if not running or not all(r.ignore_eos for r in running):
             return sum(self.reserved(r) for r in running)
+        left = [r.max_new_tokens - r.generated_tokens for r in running]
         clip = C.CLIP_MAX_NEW_TOKENS
-        return float(sum([min(r.max_new_tokens - r.generated_tokens, clip) for r in running]))
+        if max(left) <= clip:  # none clipped: the sum as it is
+            return float(sum(left))
+        return float(sum([min(n, clip) for n in left]))
 
     def reserved(self, r: SimRequest) -> float:
         """A running request's future tokens (SGLang's rule, shared with the plugin)."""

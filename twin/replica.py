@@ -599,7 +599,8 @@ class Replica(Inbox, KVMemory, CutRuns):
         # 0 steps: the next one needs a decision (a block re-allocation, or a retraction)
         k_mem = room // b if self._counts_only else self.alloc.decode_steps(
             [r.index for r in running], room)
-        k = min(min([r.max_new_tokens - r.generated_tokens for r in running]), max(k_mem, 1))
+        fewest = min([r.max_new_tokens - r.generated_tokens for r in running])
+        k = min(fewest, max(k_mem, 1))
         if self._park_until:  # decode-only passes before a chunk: one step each
             k = min(k, self._park_until - self.n_dec_steps)
             self._park_until = 0
@@ -636,12 +637,10 @@ class Replica(Inbox, KVMemory, CutRuns):
         c.decode_steps += k
         c.busy_s += dur
         self.new_token_ratio = max(self.new_token_ratio - k * self.ratio_decay, self.min_ratio)
-        done = False
         for r in running:
             r.generated_tokens += k
             r.private += k
-            if r.generated_tokens >= r.max_new_tokens:
-                done = True
+        done = k >= fewest  # the request with the fewest tokens left has them all
         if cut:
             yield from self._wait_or_cut(ends, k, now, busy0, ratio0)
         else:
