@@ -51,14 +51,17 @@ def test_live_step_cpu_writes_what_simulate_reads(tmp_path, capsys):
         assert main(["live", "step-cpu", "--url", server.url, "--probe", str(prefix),
                      "--out", str(out), "--batches", "1", "64"]) == 2
         assert "at most 32 requests" in capsys.readouterr().err
+        # two interleaved rounds of 31 steps: one round of 15 once read the batch of 1 as
+        # dearer than 24 (1.49 vs 1.36 ms: the first steps measured) and the fit refused
         assert main(["live", "step-cpu", "--url", server.url, "--probe", str(prefix),
-                     "--out", str(out), "--batches", "1", "24", "--output", "16"]) == 0
+                     "--out", str(out), "--batches", "1", "32", "--output", "32",
+                     "--rounds", "2"]) == 0
     printed = capsys.readouterr().out
     assert "per step" in printed and str(out) in printed
     cpu = load(out)
     assert 0.1e-3 < cpu.per_step_s < 20e-3 and cpu.per_request_s > 0, cpu
     data = json.loads(out.read_text())
-    assert [p["batch"] for p in data["step_cpu"]["points"]] == [1, 24]
+    assert [p["batch"] for p in data["step_cpu"]["points"]] == [1, 32]
     assert data["server"]["version"] == "0.5.23"
     assert main(["simulate", "--model-path", "meta-llama/Llama-3.1-8B", "--step-cpu",
                  str(out), "--step-time-backend", "roofline", "--workload",
