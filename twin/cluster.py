@@ -152,6 +152,11 @@ class Deployment:
         # it, twin/decode_cut.py), not at every arrival in the fleet (set by `start`)
         self.cuts_runs = False
 
+    def wait_in_events(self) -> None:
+        """Every replica's busy periods wait on events from now on (twin/interrupt.py)."""
+        for rep in self.replicas:
+            rep.wait_in_events()
+
     def add(self, rep, pool: str = "default", name: str | None = None, gpus: int = 1,
             kind: str = "sglang", scaled: ScaledStepTime | None = None) -> Replica:
         rep.feed = self

@@ -560,13 +560,9 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         for w in dep.workers:  # the tickets hold the final attempts; nothing else needs them
             w.replica.finished = Count()
     dep.start(run_replicas=True)
-    def wait_in_events() -> None:
-        for w in dep.workers:
-            w.replica.wait_in_events()
-
     interrupted = None
     # keep what is done: finalize gives the rest `aborted` (stopped between events)
-    if run_interruptible(dep.env, wait_in_events):
+    if run_interruptible(dep.env, dep.wait_in_events):
         interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
     dep.finalize()
     if sink is not None:

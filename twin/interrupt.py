@@ -31,13 +31,8 @@ def run_interruptible(env: simpy.Environment,
     Python, no handler is installed: a KeyboardInterrupt is caught wherever it lands,
     as before."""
     previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or \
-            previous in (signal.SIG_IGN, None):  # None: a handler set outside Python
-        try:
-            env.run()
-        except KeyboardInterrupt:
-            return True
-        return False
+    handles = threading.current_thread() is threading.main_thread() and \
+        previous not in (signal.SIG_IGN, None)  # None: a handler set outside Python
     stopped: list[int] = []
 
     def handler(signum, frame) -> None:
@@ -45,7 +40,8 @@ def run_interruptible(env: simpy.Environment,
         if on_signal is not None:
             on_signal()
 
-    signal.signal(signal.SIGINT, handler)
+    if handles:
+        signal.signal(signal.SIGINT, handler)
     try:
         step = env.step
         while not stopped:
@@ -55,5 +51,6 @@ def run_interruptible(env: simpy.Environment,
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if handles:
+            signal.signal(signal.SIGINT, previous)
     return True
