@@ -10,6 +10,11 @@ limits from `/server_info` (max running requests, KV pool, chunk size, input len
   sizes up to max running requests and prompt (KV) lengths.
 - `mixed` runs: a decode batch running while new prompts arrive, so prefill steps land
   between decode steps as they do under load.
+- a `tokenizer` burst: requests with long, cached prompts of several lengths sent at once,
+  so that they queue at SGLang's tokenizer manager (parsing a prompt's ids costs it far
+  more per token than sending them costs the client) and its dispatch stamps give the
+  manager's serial cost (calibration/derive.py `tokenizer_samples`) in any budget; the
+  cache keeps their prefill short.
 
 The radix cache is flushed before every run. Runs are interleaved by kind, cheapest
 first, so a small `--budget-s` still samples every term; a run that would not fit in
@@ -117,7 +122,22 @@ def make_plan(lim: ServerLimits) -> list[Run]:
         reqs = tuple(Req(256, 64) for _ in range(b)) + tuple(
             Req(n, 8, 0.4 + 0.35 * j) for j, n in enumerate(arrivals) if fits(n))
         mixed.append(Run(f"mixed-b{b}-" + "-".join(map(str, arrivals)), "mixed", reqs))
-    return _dedupe(_interleave(single, decode, cached, mixed, batched))
+    return _dedupe(_interleave(single, decode, _tokenizer_burst(lim, fits), cached, mixed,
+                               batched))
+
+
+def _tokenizer_burst(lim: ServerLimits, fits: Callable[[int], bool]) -> list[Run]:
+    """Up to 12 requests sent together, each 16 new tokens after a quarter, a half,
+    three quarters or all of a cached prefix of up to 1024 tokens (several prompt lengths
+    for the per-token fit)."""
+    k = min(12, lim.max_running)
+    p = min(1024, lim.chunk or 1024)
+    while p > 64 and not fits(p + 16):
+        p //= 2
+    if k < 4 or not fits(p + 16):
+        return []
+    reqs = tuple(Req(16, prefix=p * (j % 4 + 1) // 4) for j in range(k))
+    return [Run(f"tokenizer-{k}x16-cached{p}", "tokenizer", reqs, prefix=p)]
 
 
 def _dedupe(runs: list[Run]) -> list[Run]:

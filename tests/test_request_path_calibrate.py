@@ -101,3 +101,23 @@ def test_a_bad_request_path_value_names_the_file_and_key(tmp_path):
     path = _profile(tmp_path, {"per_request_s": -1.0})
     with pytest.raises(ConfigError, match=r"p.json: request_path.per_request_s=-1.0"):
         SimConfig(calibration=path).path_for(None)
+
+
+def test_the_plan_has_a_tokenizer_burst_in_its_first_round():
+    """Every budget that runs the plan's first few runs gets tokenizer gaps: a burst of
+    requests sent together, with cached prompts of several lengths that fit the server."""
+    from calibration.profile import ServerLimits, make_plan
+
+    lim = ServerLimits(max_running=16, max_total_tokens=8192, chunk=512, max_input=4096)
+    plan = make_plan(lim)
+    (burst,) = [r for r in plan if r.kind == "tokenizer"]
+    assert plan.index(burst) < 4
+    assert len(burst.requests) == 12 and burst.prefix == 512
+    lengths = {r.prefix + r.new for r in burst.requests}
+    assert lengths == {144, 272, 400, 528}
+    assert all(r.prefix <= burst.prefix and r.output == 1 for r in burst.requests)
+    # a server with a short context halves the prefix until it fits; too few slots: none
+    small = make_plan(ServerLimits(max_running=4, max_total_tokens=600, chunk=None,
+                                   max_input=599))
+    assert [r.prefix for r in small if r.kind == "tokenizer"] == [256]
+    assert not [r for r in make_plan(ServerLimits(3, 8192, 512, 4096)) if r.kind == "tokenizer"]
