@@ -68,7 +68,8 @@ def workload(name: str, seed: int = 0) -> Workload:
     if name == "prefix":
         return from_spec(PREFIX_SPEC, seed)
     if name == "seqs":
-        reqs = [Request.make(f"r{i}", 0.05 * i, [_own(i, 64)], 24) for i in range(10)]
+        # 120 tokens: four still generate together with 1.5 ms steps (24 needed 6.5 ms)
+        reqs = [Request.make(f"r{i}", 0.05 * i, [_own(i, 64)], 120) for i in range(10)]
     elif name == "chunk":
         reqs = [Request.make("r0", 0.0, [_own(0, 64)], 200),
                 Request.make("r1", 0.4, [_own(1, 1500)], 8)]

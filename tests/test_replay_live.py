@@ -264,13 +264,15 @@ def test_server_stalled_then_killed_mid_run(tmp_path, monkeypatch):
 
 def test_priority_is_sent_when_the_server_schedules_by_it(tmp_path, monkeypatch):
     """On a server with priority scheduling, an overloaded queue lets the high tier
-    (20: higher values first, SGLang's default) overtake the low one (0)."""
+    (20: higher values first, SGLang's default) overtake the low one (0). Two running
+    at most and a near-burst of 24: a queue forms however fast the machine is."""
     from runtime.cpu.serve import CpuServer
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    workload = get_workload("arrival=poisson,rate=8,n=24,prompt=uniform:100:400,"
+    workload = get_workload("arrival=poisson,rate=80,n=24,prompt=uniform:100:400,"
                             "output=fixed:24,tiers=0:0.7/20:0.3", 1)
-    with CpuServer(["--enable-priority-scheduling", "--default-priority-value", "0"],
+    with CpuServer(["--enable-priority-scheduling", "--default-priority-value", "0",
+                    "--max-running-requests", "2"],
                    log_path=tmp_path / "server.log") as server:
         result = replay(workload, ReplayConfig(url=server.url, max_lateness_s=60.0))
     result.check()

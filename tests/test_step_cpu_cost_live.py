@@ -20,7 +20,8 @@ pytestmark = pytest.mark.live
 
 
 def test_step_cpu_cost_is_measured_without_the_forward_and_grows_with_the_batch():
-    points = measure([1, 48], prompt=16, output=24, rounds=1, progress=lambda s: None)
+    # two interleaved rounds: one read a batch of 1 as dearer on a noisy machine (CI)
+    points = measure([1, 48], prompt=16, output=24, rounds=2, progress=lambda s: None)
     assert [p["batch"] for p in points] == [1, 48]
     for p in points:
         assert p["steps"] >= 10, p  # the decode steps of the full batch were seen
