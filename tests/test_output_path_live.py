@@ -44,8 +44,10 @@ def test_a_slow_tokenizer_manager_falls_behind_without_coalescing_as_the_twin_sa
     # twin over the server's own steps: by more than 0.5 s at the end), still one token a
     # chunk (every 16 requests `_handle_batch_output` yields to the woken handlers, which
     # write their chunk before the next message), the final chunk late by about 23 steps
-    # x the difference, as the twin says
-    assert slow["steps"] == 23, slow
+    # x the difference, as the twin says. 23 full-batch steps when the 16 are prefilled
+    # together (every run here); a burst split over a faster machine's first steps leaves
+    # a few fewer, and the lag is still the twin's over the steps the server ran
+    assert 20 <= slow["steps"] <= 23, slow
     assert slow["model_final_lag_s"] > 0.5, slow
     assert slow["tokens_per_chunk"] < 1.1, slow
     assert slow["final_lag_s"] == pytest.approx(slow["model_final_lag_s"], rel=0.3), slow
