@@ -10,11 +10,10 @@ limits from `/server_info` (max running requests, KV pool, chunk size, input len
   sizes up to max running requests and prompt (KV) lengths.
 - `mixed` runs: a decode batch running while new prompts arrive, so prefill steps land
   between decode steps as they do under load.
-- a `tokenizer` burst: requests with long, cached prompts of several lengths sent at once,
-  so that they queue at SGLang's tokenizer manager (parsing a prompt's ids costs it far
-  more per token than sending them costs the client) and its dispatch stamps give the
-  manager's serial cost (calibration/derive.py `tokenizer_samples`) in any budget; the
-  cache keeps their prefill short.
+- a `tokenizer` burst: requests with cached prompts of several lengths sent at once after
+  a warm-up, early in the plan, so that every budget has requests queued at SGLang's
+  tokenizer manager, whose dispatch stamps give its serial cost (calibration/derive.py
+  `tokenizer_samples`); the cache keeps their prefill short.
 
 The radix cache is flushed before every run. Runs are interleaved by kind, cheapest
 first, so a small `--budget-s` still samples every term; a run that would not fit in

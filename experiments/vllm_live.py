@@ -68,7 +68,8 @@ def workload(name: str, seed: int = 0) -> Workload:
     if name == "prefix":
         return from_spec(PREFIX_SPEC, seed)
     if name == "seqs":
-        # 120 tokens: four still generate together with 1.5 ms steps (24 needed 6.5 ms)
+        # 120 tokens: r0 still generates when r3 comes 150 ms later unless a step is under
+        # about 1.25 ms (with 24 tokens, under about 6 ms: close to a fast CI machine's 9)
         reqs = [Request.make(f"r{i}", 0.05 * i, [_own(i, 64)], 120) for i in range(10)]
     elif name == "chunk":
         reqs = [Request.make("r0", 0.0, [_own(0, 64)], 200),

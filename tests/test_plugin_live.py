@@ -26,10 +26,9 @@ pytestmark = pytest.mark.live
 
 FLAGS = ["--schedule-policy", "fcfs", "--max-running-requests", "2"]
 PRIORITY_FLAGS = [*FLAGS, "--enable-priority-scheduling", "--default-priority-value", "0"]
-# (max_new_tokens, priority) in send order, 30 ms apart; the first two take both slots
-# the first two hold the two slots until the other four, 30 ms apart, all wait (24 and 48
-# tokens held them ~0.3 s here: a machine 2.5x faster would have admitted the last ones
-# as they came)
+# (max_new_tokens, priority) in send order, 30 ms apart; the first two take both slots and
+# hold them until the other four all wait (with 24 and 48 tokens, a machine a few times
+# faster than this one would admit the last ones as they came)
 BURST = [(120, 0), (240, 0), (8, 0), (40, 0), (16, 0), (32, 0)]
 # two low-priority requests hold the slots; the high-priority ones must preempt them
 PREEMPT = [(60, 0), (60, 0), (10, 50), (10, 50)]
