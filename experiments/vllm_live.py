@@ -12,7 +12,7 @@ TTFT and end-to-end times.
 Scenarios, each aimed at one rule:
 - `prefix`: two 256-token templates (two 128-token blocks) under Poisson arrivals: which
   requests hit the prefix cache, and how many tokens;
-- `seqs`: 10 requests 50 ms apart, 24 output tokens each: `max_num_seqs` 4 (never more
+- `seqs`: 10 requests 50 ms apart, 120 output tokens each: `max_num_seqs` 4 (never more
   than 4 generate at once) and FCFS admission (first tokens in arrival order);
 - `chunk`: a 1,500-token prompt arriving while a 64-token request decodes (200 output
   tokens, so it still decodes through the prompt's prefill on a fast machine too): with
@@ -221,7 +221,10 @@ def arrival_order(records: Sequence[dict]) -> list[str]:
 
 
 def row(side: str, scenario: str, records: Sequence[dict], preemptions: float,
-        steps: float, queue_mean_s: float | None) -> dict:
+        steps: float, queue_mean_s: float | None, decode_s: float) -> dict:
+    """`decode_s`: the engine's decode time summed over the requests, first token to last
+    (live: `vllm:request_decode_time_seconds`, from the engine's own clock, which the
+    client's and the front's delays do not touch)."""
     ttft = [r["ttft_s"] for r in records if r.get("ttft_s") is not None]
     e2e = [r["e2e_s"] for r in records if r.get("e2e_s") is not None]
     return {"scenario": scenario, "side": side, "requests": len(records),
@@ -232,7 +235,7 @@ def row(side: str, scenario: str, records: Sequence[dict], preemptions: float,
             "chunk_steps": chunk_steps(records) if scenario == "chunk" else None,
             "max_running": max_concurrency(records),
             "fcfs": fcfs(records),
-            "queue_mean_s": queue_mean_s,
+            "queue_mean_s": queue_mean_s, "decode_s": decode_s,
             "ttft_mean_s": float(np.mean(ttft)) if ttft else None,
             "ttft_p50_s": float(np.median(ttft)) if ttft else None,
             "e2e_mean_s": float(np.mean(e2e)) if e2e else None}
@@ -240,15 +243,18 @@ def row(side: str, scenario: str, records: Sequence[dict], preemptions: float,
 
 def twin_row(scenario: str, run: TwinRun) -> dict:
     q = [r["queue_s"] for r in run.records if r.get("queue_s") is not None]
+    decode = sum(r["e2e_s"] - r["ttft_s"] for r in run.records
+                 if r.get("e2e_s") is not None and r.get("ttft_s") is not None)
     return row("twin", scenario, run.records, run.counters["preemptions"],
-               run.counters["emitting_steps"], float(np.mean(q)) if q else None)
+               run.counters["emitting_steps"], float(np.mean(q)) if q else None, decode)
 
 
 def live_row(scenario: str, records: Sequence[dict], d: dict) -> dict:
     n = d.get("vllm:request_queue_time_seconds_count") or 0
     q = d["vllm:request_queue_time_seconds_sum"] / n if n else None
     return row("live", scenario, records, d["vllm:num_preemptions_total"],
-               d["vllm:iteration_tokens_total_count"], q)
+               d["vllm:iteration_tokens_total_count"], q,
+               d.get("vllm:request_decode_time_seconds_sum") or 0.0)
 
 
 # ---- the live side --------------------------------------------------------------------

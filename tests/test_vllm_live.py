@@ -7,7 +7,9 @@ Only what does not depend on the machine's speed is asserted, with the tolerance
 stated: which requests hit the prefix cache and how much (exactly), never more than
 `max_num_seqs` generating and FCFS admission (exactly), the prompt's chunk steps under
 the token budget (exactly 3), preemptions (equal, at least one), and engine steps that
-emitted tokens (within 5 %). Latencies are printed by benchmarks/vllm_live.py, not tested.
+emitted tokens (within 5 %; for `seqs`, whose count depends on how many requests overlap,
+i.e. on step time against the 50 ms arrival gaps, against the twin with the profile scaled
+to the live engine's own decode time). Latencies are printed by benchmarks/vllm_live.py, not tested.
 Needs the vLLM harness (tests/conftest.py's `vllm_harness`: a failure in CI, else a skip).
 """
 
@@ -104,7 +106,31 @@ def test_recompute_preemption_when_kv_blocks_run_out(runs):
     assert live["preemptions"] == twin["preemptions"] >= 1
 
 
-def test_engine_steps_that_emit_tokens(runs):
-    for name in ("seqs", "chunk", "preempt"):
+def test_engine_steps_that_emit_tokens(runs, server, profile):
+    for name in ("chunk", "preempt"):  # set by the token budget and the blocks, not speed
         _, _, live, twin = runs[name]
-        assert abs(live["steps"] - twin["steps"]) <= 0.05 * live["steps"], (name, live, twin)
+        assert abs(live["steps"] - twin["steps"]) <= 0.05 * live["steps"], (
+            name, _brief(live), _brief(twin))
+    # seqs: 10 requests 50 ms apart overlap more the slower the steps, so its count is
+    # compared with the twin at the live engine's speed: the profile scaled until the
+    # twin's decode time (first to last token, summed) is the engine's own
+    # (`vllm:request_decode_time_seconds`). A clean CI run saw 480 live against 362 at the
+    # profile's speed; here the two speeds are within ~20 % and both give ~362
+    live_recs, _, live, twin = runs["seqs"]
+    factor, at_speed = 1.0, twin
+    for _ in range(3):
+        factor *= live["decode_s"] / at_speed["decode_s"]
+        at_speed = vl.twin_row("seqs", vl.simulate(vl.workload("seqs"), server[2],
+                                                   vl.scaled(profile, factor)))
+    assert abs(live["steps"] - at_speed["steps"]) <= 0.05 * live["steps"], (
+        _brief(live), _brief(twin), round(factor, 3), _brief(at_speed),
+        vl.step_check(live_recs, profile), _timeline(live_recs))
+
+
+def _brief(row: dict) -> dict:
+    return {k: row[k] for k in ("side", "steps", "max_running", "preemptions", "queue_mean_s",
+                                "decode_s", "ttft_mean_s", "e2e_mean_s")}
+
+
+def _timeline(records) -> list:
+    return [(r["rid"], r["arrival_s"], r.get("ttft_s"), r.get("e2e_s")) for r in records]

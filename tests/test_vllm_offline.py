@@ -42,7 +42,7 @@ def test_max_concurrency_and_fcfs():
     assert vl.max_concurrency(recs) == 3  # c starts at 1.7, before a and b end (2.0, 2.1)
     assert vl.first_token_order(recs) == ["a", "b", "c"] == vl.arrival_order(recs)
     assert vl.fcfs(recs) and not vl.fcfs([rec("a", 0.0, 1.0, [1.0]), rec("b", 0.1, 0.5, [1.0])])
-    row = vl.row("twin", "seqs", recs, 0, 5, 0.0)
+    row = vl.row("twin", "seqs", recs, 0, 5, 0.0, 0.0)
     assert row["fcfs"] and row["max_running"] == 3 and row["hits"] == 0
 
 
