@@ -1,0 +1,110 @@
+"""Where a whole `servetwin simulate` process spends its CPU, per simulated request: the
+budget the speed target leaves each part (docs/perf.md, "A typed core: the plan").
+
+Runs the CLI's own `simulate` in this process with wrappers that only time (the records
+are unchanged) and splits the process's CPU time (`time.process_time`, every thread) into:
+- the scheduler loop: SimPy's run of the replica (twin/interrupt.py `run_interruptible`),
+  less the records formatted inside it;
+- the records and summary: `requests.jsonl` formatted and written, spilled chunks merged,
+  the summary computed (twin/record_sink.py `RecordSink.flush`, `finish`, `finish_with`);
+- the workload generated, the replica built (its step-time tables read from the disk
+  cache or built), `summary.json` and `timeseries.csv` written;
+- everything else: imports and the command line.
+Each is printed in microseconds per request beside the target's whole budget (1/47,000
+of a CPU-second, about 21 us, for the whole process).
+
+    python benchmarks/cost_split.py [--workload vidur|h100|finance-qa|finance-qa-lpm]
+                                    [--n 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sim_speed import WORKLOADS, header  # noqa: E402
+
+TARGET = 47_000  # simulated requests per CPU-second, issue 14's target at 100k
+
+
+class Clock:
+    """Exclusive CPU time per label: a wrapped call nested in another is taken out of the
+    outer one's time."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self._stack: list[list] = []  # [label, start, time of nested calls]
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+        clock = self
+
+        def timed(*a, **k):
+            frame = [label, time.process_time(), 0.0]
+            clock._stack.append(frame)
+            try:
+                return inner(*a, **k)
+            finally:
+                clock._stack.pop()
+                took = time.process_time() - frame[1]
+                clock.spent[label] = clock.spent.get(label, 0.0) + took - frame[2]
+                if clock._stack:
+                    clock._stack[-1][2] += took
+
+        setattr(owner, name, timed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="vidur", choices=list(WORKLOADS),
+                    help="benchmarks/sim_speed.py's workloads (default: vidur)")
+    ap.add_argument("--n", type=int, default=20_000, help="requests (default: 20000)")
+    ns = ap.parse_args()
+    from servetwin import cmd_simulate
+    from servetwin.cli import main as cli
+    from twin import fleet, interrupt, record_sink, sim
+
+    clock = Clock()
+    loop = "the scheduler loop"
+    clock.wrap(interrupt, "run_interruptible", loop)
+    sim.run_interruptible = fleet.run_interruptible = interrupt.run_interruptible  # by name
+    for name in ("flush", "finish", "finish_with"):
+        clock.wrap(record_sink.RecordSink, name, "the records and summary")
+    clock.wrap(cmd_simulate, "workload_from", "the workload (generated)")
+    clock.wrap(sim, "build_replica", "the replica and its step-time tables")
+    clock.wrap(sim.SimResult, "write", "summary.json and timeseries.csv")
+    argv = WORKLOADS[ns.workload](ns.n)
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        status = cli(["simulate", *argv, "--out", out])
+        total = time.process_time()
+    if status:
+        raise SystemExit(f"servetwin simulate {' '.join(argv)} exited {status}")
+    if loop not in clock.spent:
+        raise SystemExit("cost_split: the loop was not timed (twin/sim.py no longer calls "
+                         "run_interruptible by that name)")
+    parts = dict(clock.spent)
+    parts["everything else (imports, the command line)"] = (
+        total - sum(clock.spent.values()))
+    print(f"# {header('cost_split')}" + ("; bytecode not cached (PYTHONDONTWRITEBYTECODE):"
+                                          " imports compile" if sys.flags.dont_write_bytecode
+                                          else ""))
+    print(f"# {ns.workload}, {ns.n:,} requests: servetwin simulate {' '.join(argv)}")
+    print(f"# whole process {total:.2f} CPU-s: {ns.n / total:,.0f} requests per CPU-second "
+          f"(target {TARGET:,}: {1e6 / TARGET:.1f} us per request)")
+    print("| part | CPU s | us per request | share | of the target's budget |")
+    print("|---|---|---|---|---|")
+    for label, s in parts.items():
+        per = 1e6 * s / ns.n
+        print(f"| {label} | {s:.2f} | {per:.1f} | {100 * s / total:.0f} % | "
+              f"{per * TARGET / 1e6:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
