@@ -1,0 +1,27 @@
+"""benchmarks/cost_split.py on a tiny run: every part is timed, the loop and the records are
+among them, and the parts add up to the whole process's CPU time."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_split_names_each_part_and_adds_up():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cost_split.py"),
+                          "--n", "300"], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    total = float(re.search(r"whole process ([0-9.]+) CPU-s", out).group(1))
+    rows = {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^\| ([^|]+?) \| ([0-9.]+) \|", out, re.M)}
+    assert set(rows) == {
+        "the workload (generated)", "the replica and its step-time tables",
+        "the scheduler loop", "the records and summary", "summary.json and timeseries.csv",
+        "everything else (imports, the command line)"}, out
+    assert rows["the scheduler loop"] > 0 and rows["the records and summary"] > 0, out
+    # each row is rounded to 0.01 s
+    assert abs(sum(rows.values()) - total) <= 0.005 * len(rows) + 0.005, out
