@@ -11,7 +11,8 @@ are unchanged) and splits the process's CPU time (`time.process_time`, every thr
   cache or built), `summary.json` and `timeseries.csv` written;
 - everything else: imports and the command line.
 Each is printed in microseconds per request beside the target's whole budget (1/47,000
-of a CPU-second, about 21 us, for the whole process).
+of a CPU-second, about 21 us, for the whole process), and the records' time once more by
+part (`RECORD_PARTS`: which of them a compiled writer would have to take over).
 
     python benchmarks/cost_split.py [--workload vidur|h100|finance-qa|finance-qa-lpm]
                                     [--n 20000]
@@ -32,6 +33,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sim_speed import WORKLOADS, header  # noqa: E402
 
 TARGET = 47_000  # simulated requests per CPU-second, issue 14's target at 100k
+RECORDS = "the records and summary"
+# the records' parts, timed apart (exclusive of one another): (owner, function, label)
+RECORD_PARTS = [
+    ("RecordTable", "_plan", "token-gap pieces per request (`RecordTable._plan`)"),
+    ("RecordTable", "_times", "rounded times per request (`RecordTable._times`)"),
+    ("RecordTable", "_step_unique", "distinct step gaps (`RecordTable._step_unique`)"),
+    ("RecordSink", "_keep_columns", "columns kept per chunk (`RecordSink._keep_columns`)"),
+    ("RecordSink", "_spill_lines", "lines formatted and spilled (`RecordSink._spill_lines`)"),
+    ("record_sink", "write_records", "lines formatted and written, one chunk "
+                                     "(`write_records`)"),
+    ("RecordSink", "_merge", "spilled lines merged (`RecordSink._merge`)"),
+    ("RecordSink", "_summary", "summary from the columns (`RecordSink._summary`)"),
+    ("record_sink", "summarize", "summary of one chunk (`summarize`)"),
+]
 
 
 class Clock:
@@ -69,14 +84,17 @@ def main() -> None:
     ns = ap.parse_args()
     from servetwin import cmd_simulate
     from servetwin.cli import main as cli
-    from twin import fleet, interrupt, record_sink, sim
+    from twin import fleet, interrupt, record_sink, record_table, sim
 
     clock = Clock()
     loop = "the scheduler loop"
     clock.wrap(interrupt, "run_interruptible", loop)
     sim.run_interruptible = fleet.run_interruptible = interrupt.run_interruptible  # by name
     for name in ("flush", "finish", "finish_with"):
-        clock.wrap(record_sink.RecordSink, name, "the records and summary")
+        clock.wrap(record_sink.RecordSink, name, RECORDS)
+    for owner, name, label in RECORD_PARTS:
+        clock.wrap({"RecordTable": record_table.RecordTable, "RecordSink": record_sink.RecordSink,
+                    "record_sink": record_sink}[owner], name, label)
     clock.wrap(cmd_simulate, "workload_from", "the workload (generated)")
     clock.wrap(sim, "build_replica", "the replica and its step-time tables")
     clock.wrap(sim.SimResult, "write", "summary.json and timeseries.csv")
@@ -89,9 +107,12 @@ def main() -> None:
     if loop not in clock.spent:
         raise SystemExit("cost_split: the loop was not timed (twin/sim.py no longer calls "
                          "run_interruptible by that name)")
+    sub = {label: clock.spent.pop(label) for _, _, label in RECORD_PARTS
+           if label in clock.spent}
+    rest = clock.spent.get(RECORDS, 0.0)
     parts = dict(clock.spent)
-    parts["everything else (imports, the command line)"] = (
-        total - sum(clock.spent.values()))
+    parts[RECORDS] = rest + sum(sub.values())
+    parts["everything else (imports, the command line)"] = total - sum(parts.values())
     print(f"# {header('cost_split')}" + ("; bytecode not cached (PYTHONDONTWRITEBYTECODE):"
                                           " imports compile" if sys.flags.dont_write_bytecode
                                           else ""))
@@ -104,6 +125,14 @@ def main() -> None:
         per = 1e6 * s / ns.n
         print(f"| {label} | {s:.2f} | {per:.1f} | {100 * s / total:.0f} % | "
               f"{per * TARGET / 1e6:.1f}x |")
+    print()
+    print(f"{RECORDS}, by part:")
+    print("| part | CPU s | us per request | share of the records |")
+    print("|---|---|---|---|")
+    sub["the rest (sorting, windows, the in-memory table)"] = rest
+    for label, s in sub.items():
+        print(f"| {label} | {s:.2f} | {1e6 * s / ns.n:.1f} | "
+              f"{100 * s / max(parts[RECORDS], 1e-9):.0f} % |")
 
 
 if __name__ == "__main__":

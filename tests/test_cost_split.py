@@ -1,5 +1,6 @@
 """benchmarks/cost_split.py on a tiny run: every part is timed, the loop and the records are
-among them, and the parts add up to the whole process's CPU time."""
+among them, the parts add up to the whole process's CPU time, and the records' parts to
+the records' time."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ def test_the_split_names_each_part_and_adds_up():
                           "--n", "300"], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout
     total = float(re.search(r"whole process ([0-9.]+) CPU-s", out).group(1))
-    rows = {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^\| ([^|]+?) \| ([0-9.]+) \|", out, re.M)}
+    whole, by_part = out.split("by part:")
+    rows, parts = ({m.group(1): float(m.group(2))
+                    for m in re.finditer(r"^\| ([^|]+?) \| ([0-9.]+) \|", text, re.M)}
+                   for text in (whole, by_part))
     assert set(rows) == {
         "the workload (generated)", "the replica and its step-time tables",
         "the scheduler loop", "the records and summary", "summary.json and timeseries.csv",
@@ -25,3 +28,9 @@ def test_the_split_names_each_part_and_adds_up():
     assert rows["the scheduler loop"] > 0 and rows["the records and summary"] > 0, out
     # each row is rounded to 0.01 s
     assert abs(sum(rows.values()) - total) <= 0.005 * len(rows) + 0.005, out
+    # one chunk (300 requests): the in-memory path's lines and summary, and the rest
+    assert {"token-gap pieces per request (`RecordTable._plan`)",
+            "lines formatted and written, one chunk (`write_records`)",
+            "summary of one chunk (`summarize`)"} <= set(parts), out
+    assert abs(sum(parts.values()) - rows["the records and summary"]) <= \
+        0.005 * len(parts) + 0.005, out

@@ -41,6 +41,21 @@ def _r(x: float | None) -> float | None:
 _NO_IGNORE_EOS = ',"ignore_eos":false'  # a request that may stop at EOS (twin/metrics.py)
 
 
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)`, the same two arrays, sorting only the
+    first value of each run of equal neighbours: consecutive decode steps of a batch mostly
+    take the same rounded gap (Vidur's 20k requests: 1.41M step gaps, 0.41M runs). Arrays
+    with NaN or a sign bit set (-0.0, which equals 0.0 but prints apart) go to np.unique
+    whole."""
+    n = len(values)
+    if n < 2 or values.dtype.kind != "f" or np.isnan(values).any() \
+            or np.signbit(values).any():
+        return np.unique(values, return_inverse=True)
+    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
+    uniq, inv = np.unique(values[starts], return_inverse=True)
+    return uniq, np.repeat(inv, np.diff(np.append(starts, n)))
+
+
 class RecordTable(Sequence):
     def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0) -> None:
         """`step_end`: the timeline's steps from index `offset` on (a window of it that
@@ -138,7 +153,7 @@ class RecordTable(Sequence):
         once for both the summary's ITL statistics and the lines."""
         if self._uniq is None:
             step_gaps = self._plan()[1]
-            uniq, inv = np.unique(step_gaps, return_inverse=True)
+            uniq, inv = unique_inverse(step_gaps)
             self._uniq = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
         return self._uniq
 
@@ -147,7 +162,7 @@ class RecordTable(Sequence):
         """repr of every value (as json writes a float), each distinct value formatted once."""
         if not len(values):
             return []
-        uniq, inv = unique if unique is not None else np.unique(values, return_inverse=True)
+        uniq, inv = unique if unique is not None else unique_inverse(values)
         table = np.array([repr(v) for v in uniq.tolist()], dtype=object)
         return table[inv].tolist()
 
@@ -321,7 +336,7 @@ def _weighted_counts(values: np.ndarray, cover: _Cover, offset: int = 0,
     us, ws = [], []
     for i in range(0, len(values), chunk):
         part = values[i:i + chunk]
-        u, inv = np.unique(part, return_inverse=True)
+        u, inv = unique_inverse(part)
         us.append(u)
         counts = cover(offset + i, offset + i + len(part))
         ws.append(np.bincount(inv, weights=counts, minlength=len(u)))
