@@ -105,19 +105,46 @@ def test_interrupted_merge_leaves_the_old_file(tmp_path: Path, monkeypatch) -> N
     old = tmp_path / "requests.jsonl"
     old.write_text('{"old": true}\n')
     calls = []
-    real = os.pread
 
-    def pread(fd, n, off):
-        calls.append(n)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(fd, n, off)
+    def interrupting(real):  # the third read or in-kernel copy of the merge is interrupted
+        def call(*a):
+            calls.append(a)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(*a)
+        return call
 
-    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "pread", interrupting(os.pread))
+    if hasattr(os, "copy_file_range"):
+        monkeypatch.setattr(os, "copy_file_range", interrupting(os.copy_file_range))
     with pytest.raises(KeyboardInterrupt):
         simulate(from_spec(SPEC, seed=2), CFG, out=tmp_path, record_chunk=5)
     assert old.read_text() == '{"old": true}\n'
     assert os.listdir(tmp_path) == ["requests.jsonl"]
+
+
+@pytest.mark.parametrize("refusal", ["raises", "copies nothing", "absent"])
+def test_the_merge_without_in_kernel_copies_writes_the_same_bytes(tmp_path: Path, monkeypatch,
+                                                                  refusal) -> None:
+    """A file system without `copy_file_range` (it raises, or copies nothing), or a
+    platform without it: the merge copies through Python, the same bytes."""
+    import errno
+
+    want = tmp_path / "want"
+    want.mkdir()
+    simulate(from_spec(SPEC, seed=2), CFG, out=want, record_chunk=5)
+    if refusal == "absent":
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    else:
+        def refuse(*a):
+            if refusal == "raises":
+                raise OSError(errno.EXDEV, "cross-device")
+            return 0
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    got = tmp_path / "got"
+    got.mkdir()
+    simulate(from_spec(SPEC, seed=2), CFG, out=got, record_chunk=5)
+    assert (got / "requests.jsonl").read_bytes() == (want / "requests.jsonl").read_bytes()
 
 
 def test_record_chunk_flag_is_checked(capsys) -> None:

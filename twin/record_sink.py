@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
-from twin.record_table import RecordTable, itl_stats
+from twin.record_table import RecordTable, itl_stats, record_order
 
 CHUNK = 32768  # finished requests held before a spill (~80 MB of SimRequests)
 _FLOATS = ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "lost_s")  # rounded; NaN: null
@@ -88,7 +88,7 @@ class RecordSink:
         if not buf:
             return
         seq0 = self._rows
-        order = sorted(range(len(buf)), key=lambda i: (buf[i].arrival_s, buf[i].index))
+        order = record_order(buf)
         reqs = [buf[i] for i in order]
         table = self._table(reqs, 0)
         self._keep_columns(table, reqs, np.asarray(order, dtype=np.int64) + seq0, group)
@@ -101,8 +101,9 @@ class RecordSink:
         they use (-1: none)."""
         lo, hi = _window(reqs)
         if hi <= lo or worker < 0:
-            return RecordTable(reqs, np.empty(0))
-        return RecordTable(reqs, step_window(self.timelines[worker], lo, hi), offset=lo)
+            return RecordTable(reqs, np.empty(0), in_order=True)
+        return RecordTable(reqs, step_window(self.timelines[worker], lo, hi), offset=lo,
+                           in_order=True)
 
     def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
                       group: int, worker: int = 0) -> None:
@@ -241,15 +242,27 @@ class RecordSink:
         seg_a = np.concatenate(([0], brk)).tolist()
         seg_b = np.concatenate((brk, [len(perm)])).tolist()
         with atomic_writer(self.path, binary=True) as fh:
+            fh.flush()
+            out = fh.fileno()  # written through the descriptor only, so nothing buffers
+            in_kernel = hasattr(os, "copy_file_range")
             for a, b in zip(seg_a, seg_b, strict=True):
                 offs = self._runs[int(run[a])][1]
                 pos, stop = int(offs[local[a]]), int(offs[local[b - 1] + 1])
                 if fix is not None and fixed[a]:
-                    fh.write(fix[1](os.pread(fd, stop - pos, pos)))
+                    _write_all(out, fix[1](os.pread(fd, stop - pos, pos)))
                     continue
                 while pos < stop:
+                    if in_kernel:  # the kernel copies, no bytes through Python
+                        try:
+                            n = os.copy_file_range(fd, out, stop - pos, pos)
+                        except OSError:  # a file system without it: copy through here
+                            n, in_kernel = 0, False
+                        if n > 0:
+                            pos += n
+                            continue
+                        in_kernel = False
                     data = os.pread(fd, min(_COPY_BLOCK, stop - pos), pos)
-                    fh.write(data)
+                    _write_all(out, data)
                     pos += len(data)
 
     def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
@@ -287,6 +300,12 @@ class RecordSink:
         starts[own_piece] = base - 1 - starts[own_piece]
         # (itl_stats weighs the distinct gaps chunk by chunk: no sort of the whole array)
         return itl_stats(joined, starts, lens)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _parts(timeline) -> list[np.ndarray]:

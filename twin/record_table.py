@@ -41,6 +41,18 @@ def _r(x: float | None) -> float | None:
 _NO_IGNORE_EOS = ',"ignore_eos":false'  # a request that may stop at EOS (twin/metrics.py)
 
 
+def record_order(reqs: Sequence) -> list[int]:
+    """The positions of `reqs` in the records' order, by arrival and then the replica's
+    index, ties in the order given: `sorted(range(n), key=(arrival_s, index))`, by a
+    stable `np.lexsort` of the two columns."""
+    n = len(reqs)
+    if n < 64:
+        return sorted(range(n), key=lambda i: (reqs[i].arrival_s, reqs[i].index))
+    arrival = np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n)
+    index = np.fromiter((r.index for r in reqs), dtype=np.int64, count=n)
+    return np.lexsort((index, arrival)).tolist()
+
+
 def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_inverse=True)`, the same two arrays, sorting only the
     first value of each run of equal neighbours: consecutive decode steps of a batch mostly
@@ -57,10 +69,12 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class RecordTable(Sequence):
-    def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0) -> None:
+    def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0,
+                 in_order: bool = False) -> None:
         """`step_end`: the timeline's steps from index `offset` on (a window of it that
-        covers every step the requests took part in: twin/record_sink.py)."""
-        self._reqs = sorted(finished, key=lambda r: (r.arrival_s, r.index))
+        covers every step the requests took part in: twin/record_sink.py); `in_order`:
+        `finished` is already in `record_order`."""
+        self._reqs = list(finished) if in_order else [finished[i] for i in record_order(finished)]
         self._ends = np.asarray(step_end, dtype=float)
         self.offset = offset
         self._gaps: tuple | None = None
