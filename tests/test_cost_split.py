@@ -34,3 +34,18 @@ def test_the_split_names_each_part_and_adds_up():
             "summary of one chunk (`summarize`)"} <= set(parts), out
     assert abs(sum(parts.values()) - rows["the records and summary"]) <= \
         0.005 * len(parts) + 0.005, out
+
+
+def test_side_by_side_with_a_base_commit():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cost_split.py"),
+                          "--n", "200", "--base", "HEAD", "--rounds", "1"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "against HEAD, side by side" in out, out
+    rows = {m.group(1): m.group(2)
+            for m in re.finditer(r"^\| ([^|*]+?) \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+x) \|$",
+                                 out, re.M)}
+    assert {"the scheduler loop", "the records and summary",
+            "token-gap pieces per request (`RecordTable._plan`)"} <= set(rows), out
+    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "servetwin-cost-base" not in listed  # the base's worktree is removed
