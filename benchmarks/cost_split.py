@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--tree" not in sys.argv:  # a child measuring another tree puts that one first instead
     sys.path.insert(0, str(ROOT))
-from sim_speed import WORKLOADS, base_tree, header  # noqa: E402
+from sim_speed import WORKLOADS, base_tree, drop_tree, header  # noqa: E402
 
 TARGET = 47_000  # simulated requests per CPU-second, issue 14's target at 100k
 RECORDS = "the records and summary"
@@ -194,9 +194,7 @@ def main() -> None:
             best_base = b if best_base is None or b[0] < best_base[0] else best_base
             best_new = nw if best_new is None or nw[0] < best_new[0] else best_new
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                       capture_output=True)
-        base.parent.rmdir()
+        drop_tree(base)
     print(f"# tree {head}{' (+ uncommitted)' if dirty else ''} against {ns.base}, side by "
           f"side: {ns.rounds} alternating rounds, each side's least-CPU round")
     print(f"# whole process {best_new[0]:.2f} CPU-s against {best_base[0]:.2f} "

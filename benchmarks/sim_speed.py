@@ -95,6 +95,13 @@ def base_tree(commit: str, name: str = "servetwin-base") -> Path:
     return path
 
 
+def drop_tree(tree: Path) -> None:
+    """Remove a `base_tree` worktree and the temporary directory it was made in."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                   capture_output=True)
+    tree.parent.rmdir()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -143,9 +150,7 @@ def main() -> None:
                 print("| " + " | ".join(row) + " |", flush=True)
     for tree in (base, new if ns.new else None):
         if tree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True)
-            tree.parent.rmdir()  # the temporary directory it was made in
+            drop_tree(tree)
 
 
 if __name__ == "__main__":

@@ -250,20 +250,8 @@ class RecordSink:
                 pos, stop = int(offs[local[a]]), int(offs[local[b - 1] + 1])
                 if fix is not None and fixed[a]:
                     _write_all(out, fix[1](os.pread(fd, stop - pos, pos)))
-                    continue
-                while pos < stop:
-                    if in_kernel:  # the kernel copies, no bytes through Python
-                        try:
-                            n = os.copy_file_range(fd, out, stop - pos, pos)
-                        except OSError:  # a file system without it: copy through here
-                            n, in_kernel = 0, False
-                        if n > 0:
-                            pos += n
-                            continue
-                        in_kernel = False
-                    data = os.pread(fd, min(_COPY_BLOCK, stop - pos), pos)
-                    _write_all(out, data)
-                    pos += len(data)
+                else:
+                    in_kernel = _copy_span(fd, out, pos, stop, in_kernel)
 
     def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
         """`RecordTable.summary` over the columns, rows in the order `perm`."""
@@ -300,6 +288,27 @@ class RecordSink:
         starts[own_piece] = base - 1 - starts[own_piece]
         # (itl_stats weighs the distinct gaps chunk by chunk: no sort of the whole array)
         return itl_stats(joined, starts, lens)
+
+
+def _copy_span(src: int, dst: int, pos: int, stop: int, in_kernel: bool) -> bool:
+    """Append bytes [pos, stop) of `src` to `dst`: by the kernel (`copy_file_range`, no
+    bytes through Python) while `in_kernel` holds, else read and written here; returns
+    whether the kernel may still be asked (a file system without it raises or copies
+    nothing: then never again in this merge)."""
+    while pos < stop:
+        if in_kernel:
+            try:
+                n = os.copy_file_range(src, dst, stop - pos, pos)
+            except OSError:
+                n = 0
+            if n > 0:
+                pos += n
+                continue
+            in_kernel = False
+        data = os.pread(src, min(_COPY_BLOCK, stop - pos), pos)
+        _write_all(dst, data)
+        pos += len(data)
+    return in_kernel
 
 
 def _write_all(fd: int, data: bytes) -> None:
