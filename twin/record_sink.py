@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
-from twin.record_table import RecordTable, itl_stats, record_order
+from twin.record_table import RecordTable, itl_stats, ok_pieces, record_order
 
 CHUNK = 32768  # finished requests held before a spill (~80 MB of SimRequests)
 _FLOATS = ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "lost_s")  # rounded; NaN: null
@@ -107,7 +107,7 @@ class RecordSink:
 
     def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
                       group: int, worker: int = 0) -> None:
-        plans, _, own_gaps = table._plan()
+        plan = table._plan()
         times = table._times()
         n = len(reqs)
         col = self._cols.setdefault
@@ -117,13 +117,14 @@ class RecordSink:
         col("index", []).append(np.array([r.index for r in reqs], dtype=np.int64))
         col("worker", []).append(np.full(n, worker, dtype=np.int32))
         code = {s: i for i, s in enumerate(STATUSES)}
-        col("status", []).append(np.array([code[r.status] for r in reqs], dtype=np.int8))
+        status = np.array([code[r.status] for r in reqs], dtype=np.int8)
+        col("status", []).append(status)
         for name, values in zip(_FLOATS, times, strict=True):
             col(name, []).append(np.array([np.nan if v is None else v for v in values],
                                           dtype=float))
         ints = {"prompt_tokens": [r.prompt_tokens for r in reqs],
                 "cached_tokens": [r.cached_tokens for r in reqs],
-                "output_tokens": [n_out for _, n_out in plans],
+                "output_tokens": plan.n_out,
                 "retractions": [r.retractions for r in reqs],
                 "preemptions": [r.preemptions for r in reqs],
                 "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
@@ -132,25 +133,15 @@ class RecordSink:
         self._rids += [r.rid for r in reqs]
         # the ITL pieces of `ok` records: a step range of the timeline (absolute step
         # index, count) or a boundary gap (-(1 + its index among all chunks' gaps), 1)
-        counts, starts, lens = [], [], []
-        lo, own0 = table.offset, self._n_own
-        for r, (pieces, _) in zip(reqs, plans, strict=True):
-            if r.status != "ok":
-                counts.append(0)
-                continue
-            counts.append(len(pieces))
-            for p in pieces:
-                if p[0] == "s":
-                    starts.append(p[1] + lo)
-                    lens.append(p[2] - p[1])
-                else:
-                    starts.append(-1 - (own0 + p[1]))
-                    lens.append(1)
-        col("n_pieces", []).append(np.array(counts, dtype=np.int64))
-        col("piece_start", []).append(np.array(starts, dtype=np.int64))
-        col("piece_len", []).append(np.array(lens, dtype=np.int64))
-        col("piece_worker", []).append(np.where(np.array(starts, dtype=np.int64) < 0, -1,
-                                                worker).astype(np.int32))
+        ok = status == code["ok"]
+        at = ok_pieces(plan.first, ok)
+        start = plan.start[at]
+        own = start < 0
+        col("n_pieces", []).append(np.where(ok, np.diff(plan.first), 0))
+        col("piece_start", []).append(np.where(own, start - self._n_own, start + table.offset))
+        col("piece_len", []).append(plan.length[at])
+        col("piece_worker", []).append(np.where(own, -1, worker).astype(np.int32))
+        own_gaps = plan.own_gaps
         self._own.append(own_gaps)
         self._n_own += len(own_gaps)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,6 +69,64 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, np.repeat(inv, np.diff(np.append(starts, n)))
 
 
+class Plan(NamedTuple):
+    """The token gaps of a table's requests, as columns. Request i's gaps are its pieces
+    `first[i]` .. `first[i + 1] - 1`, in order: a piece with `start` s >= 0 is the step gaps
+    s .. s + `length` - 1 (`step_gaps`, the timeline's rounded differences, shared by the
+    batch); one with s < 0 is its own boundary gap `own_gaps[-1 - s]` (its prefill token,
+    a return after a retraction). `n_out`: each request's output tokens."""
+
+    first: np.ndarray  # int64, len n + 1
+    start: np.ndarray  # int64, one per piece
+    length: np.ndarray  # int64, one per piece
+    n_out: np.ndarray  # int64, one per request
+    step_gaps: np.ndarray  # float64
+    own_gaps: np.ndarray  # float64
+
+
+def plan_gaps(reqs: Sequence, ends: np.ndarray, off: int) -> Plan:
+    """The `Plan` of `reqs`' token events over `ends`, the step-end timeline from step
+    `off` on."""
+    item = ends.item  # a request's own boundaries only: no list of every step end
+    at = item if not off else lambda j: item(j - off)
+    braw: list[float] = []
+    first = [0]
+    start: list[int] = []
+    length: list[int] = []
+    n_outs: list[int] = []
+    for r in reqs:
+        prev = None
+        n_out = 0
+        for ev in r.tok_events:
+            if isinstance(ev, tuple):
+                a, b = ev
+                if b <= a:
+                    continue
+                if prev is not None:
+                    start.append(-1 - len(braw))
+                    length.append(1)
+                    braw.append(at(a) - prev)
+                if b - a > 1:
+                    start.append(a - off)
+                    length.append(b - 1 - a)
+                prev = at(b - 1)
+                n_out += b - a
+            else:
+                if prev is not None:
+                    start.append(-1 - len(braw))
+                    length.append(1)
+                    braw.append(ev - prev)
+                prev = ev
+                n_out += 1
+        first.append(len(start))
+        n_outs.append(n_out)
+    step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
+    own_gaps = np.round(np.asarray(braw, dtype=float), 6)
+    i64 = np.int64
+    return Plan(np.array(first, dtype=i64), np.array(start, dtype=i64),
+                np.array(length, dtype=i64), np.array(n_outs, dtype=i64), step_gaps, own_gaps)
+
+
 class RecordTable(Sequence):
     def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0,
                  in_order: bool = False) -> None:
@@ -101,22 +160,21 @@ class RecordTable(Sequence):
     def _record(self, i: int) -> dict:
         """`records_one_by_one([request i], step_end)[0]`, from the table's columns: the gaps
         are the timeline's differences (the same subtractions, rounded alike)."""
-        plans = self._plan()[0]
+        plan = self._plan()
         if self._gap_floats is None:
-            _, step_gaps, own_gaps = self._plan()
-            self._gap_floats = (step_gaps.tolist(), own_gaps.tolist())
+            self._gap_floats = (plan.step_gaps.tolist(), plan.own_gaps.tolist())
         sg, og = self._gap_floats
         r = self._reqs[i]
-        pieces, n_out = plans[i]
         itl: list[float] = []
-        for p in pieces:
-            if p[0] == "s":
-                itl += sg[p[1]:p[2]]
+        a, b = int(plan.first[i]), int(plan.first[i + 1])
+        for s, n in zip(plan.start[a:b].tolist(), plan.length[a:b].tolist(), strict=True):
+            if s >= 0:
+                itl += sg[s:s + n]
             else:
-                itl.append(og[p[1]])
+                itl.append(og[-1 - s])
         arrival, ttft, tpot, e2e, queue, lost = (col[i] for col in self._times())
         return {"rid": r.rid, "arrival_s": arrival, "prompt_tokens": r.prompt_tokens,
-                "cached_tokens": r.cached_tokens, "output_tokens": n_out,
+                "cached_tokens": r.cached_tokens, "output_tokens": int(plan.n_out[i]),
                 "priority": r.priority, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
                 "e2e_s": e2e, "queue_s": queue, "retractions": r.retractions,
                 "preemptions": r.preemptions, "status": r.status, "error": r.error,
@@ -124,49 +182,17 @@ class RecordTable(Sequence):
                 **({} if r.ignore_eos else {"ignore_eos": False})}
 
     # ---- token gaps --------------------------------------------------------------------
-    def _plan(self) -> tuple:
-        """Per request its gap pieces: ('s', a, b) = step gaps a..b-1 of the timeline,
-        ('x', j) = its own j-th boundary gap; and the output token count."""
-        if self._gaps is not None:
-            return self._gaps
-        ends, off = self._ends, self.offset
-        item = ends.item  # a request's own boundaries only: no list of every step end
-        at = item if not off else lambda j: item(j - off)
-        braw: list[float] = []
-        plans = []
-        for r in self._reqs:
-            pieces: list[tuple] = []
-            prev = None
-            n_out = 0
-            for ev in r.tok_events:
-                if isinstance(ev, tuple):
-                    a, b = ev
-                    if b <= a:
-                        continue
-                    if prev is not None:
-                        pieces.append(("x", len(braw)))
-                        braw.append(at(a) - prev)
-                    if b - a > 1:
-                        pieces.append(("s", a - off, b - 1 - off))
-                    prev = at(b - 1)
-                    n_out += b - a
-                else:
-                    if prev is not None:
-                        pieces.append(("x", len(braw)))
-                        braw.append(ev - prev)
-                    prev = ev
-                    n_out += 1
-            plans.append((pieces, n_out))
-        step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
-        own_gaps = np.round(np.asarray(braw, dtype=float), 6)
-        self._gaps = (plans, step_gaps, own_gaps)
+    def _plan(self) -> Plan:
+        """Every request's token gaps as pieces (`Plan`), and its output token count."""
+        if self._gaps is None:
+            self._gaps = plan_gaps(self._reqs, self._ends, self.offset)
         return self._gaps
 
     def _step_unique(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct step gaps (sorted) and each step gap's index among them: sorted
         once for both the summary's ITL statistics and the lines."""
         if self._uniq is None:
-            step_gaps = self._plan()[1]
+            step_gaps = self._plan().step_gaps
             uniq, inv = unique_inverse(step_gaps)
             self._uniq = (uniq, inv.astype(np.int32) if len(uniq) < 2**31 else inv)
         return self._uniq
@@ -187,9 +213,8 @@ class RecordTable(Sequence):
         summary and the lines."""
         if self._rounded is not None:
             return self._rounded
-        plans = self._plan()[0]
         arrival, ttft_c, tpot_c, e2e_c, queue_c, lost_c = [], [], [], [], [], []
-        for r, (_, n_out) in zip(self._reqs, plans, strict=True):
+        for r, n_out in zip(self._reqs, self._plan().n_out.tolist(), strict=True):
             ok = r.status == "ok"
             ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else None
             e2e = r.finish_s - r.arrival_s if ok else None
@@ -205,17 +230,20 @@ class RecordTable(Sequence):
     # ---- requests.jsonl ------------------------------------------------------------------
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
-        plans, step_gaps, own_gaps = self._plan()
+        plan = self._plan()
+        step_gaps = plan.step_gaps
         ss = self._strings(step_gaps, self._step_unique() if len(step_gaps) else None)
-        xs = self._strings(own_gaps)
-        for r, (pieces, n_out), arrival, ttft, tpot, e2e, queue, lost in zip(
-                self._reqs, plans, *self._times(), strict=True):
+        xs = self._strings(plan.own_gaps)
+        first, start, length = plan.first.tolist(), plan.start.tolist(), plan.length.tolist()
+        for i, (r, n_out, arrival, ttft, tpot, e2e, queue, lost) in enumerate(zip(
+                self._reqs, plan.n_out.tolist(), *self._times(), strict=True)):
             parts: list[str] = []
-            for p in pieces:
-                if p[0] == "s":
-                    parts += ss[p[1]:p[2]]
+            for k in range(first[i], first[i + 1]):
+                s = start[k]
+                if s >= 0:
+                    parts += ss[s:s + length[k]]
                 else:
-                    parts.append(xs[p[1]])
+                    parts.append(xs[-1 - s])
             error = "null" if r.error is None else _json_str(r.error)
             yield (f'{{"rid":{_json_str(r.rid)},"arrival_s":{_num(arrival)},'
                    f'"prompt_tokens":{int(r.prompt_tokens)},'
@@ -231,33 +259,34 @@ class RecordTable(Sequence):
     # ---- summary -----------------------------------------------------------------------
     def summary(self, slo: SLO | None = None, duration_s: float | None = None) -> dict:
         """`summarize(list(self), slo, duration_s)`, computed from columns."""
-        plans, step_gaps, own_gaps = self._plan()
-        n_step = len(step_gaps)
-        joined = np.concatenate([step_gaps, own_gaps])
-        starts: list[int] = []
-        lens: list[int] = []
+        plan = self._plan()
+        n_step = len(plan.step_gaps)
+        joined = np.concatenate([plan.step_gaps, plan.own_gaps])
         reqs = self._reqs
         arrival, ttft, tpot, e2e, queue, lost = self._times()
+        status = [r.status for r in reqs]
         cols: dict[str, list] = {
-            "status": [r.status for r in reqs], "arrival_s": arrival, "e2e_s": e2e,
+            "status": status, "arrival_s": arrival, "e2e_s": e2e,
             "ttft_s": ttft, "tpot_s": tpot, "queue_s": queue,
             "prompt_tokens": [r.prompt_tokens for r in reqs],
-            "output_tokens": [n_out for _, n_out in plans],
+            "output_tokens": plan.n_out.tolist(),
             "cached_tokens": [r.cached_tokens for r in reqs],
             "retractions": [r.retractions for r in reqs],
             "preemptions": [r.preemptions for r in reqs], "lost_s": lost,
             "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
-        for r, (pieces, _) in zip(reqs, plans, strict=True):
-            if r.status == "ok":
-                for p in pieces:
-                    if p[0] == "s":
-                        starts.append(p[1])
-                        lens.append(p[2] - p[1])
-                    else:
-                        starts.append(n_step + p[1])
-                        lens.append(1)
+        at = ok_pieces(plan.first, np.array([s == "ok" for s in status], dtype=bool))
+        start = plan.start[at]
+        starts = np.where(start >= 0, start, n_step - 1 - start).tolist()
+        lens = plan.length[at].tolist()
         itl = itl_stats(joined, starts, lens, self._step_unique() if n_step else None)
         return summary_from_columns(cols, itl, slo, duration_s)
+
+
+def ok_pieces(first: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """The indices of the pieces (`Plan`) of the requests where `ok` holds, in order."""
+    take = np.diff(first)[ok]
+    return np.repeat(first[:-1][ok] - (np.cumsum(take) - take), take) + np.arange(
+        int(take.sum()), dtype=np.int64)
 
 
 def _gather(values: np.ndarray, starts: list[int], lens: list[int],
