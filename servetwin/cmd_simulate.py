@@ -210,7 +210,11 @@ def run(ns: argparse.Namespace) -> int:
 def _run(ns: argparse.Namespace, workload, cfg: SimConfig, slo: SLO, rules: list,
          where: Path | None) -> int:
     from servetwin.cmd_alerts import attach_alerts, format_alerts
+    from twin.record_table import WHY_PYTHON
 
+    if WHY_PYTHON and where is not None:  # the same bytes either way; say why it is slower
+        print(f"servetwin: note: requests.jsonl written by the Python code: {WHY_PYTHON}",
+              file=sys.stderr)
     progress = Progress(len(workload.requests))
     result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules),
                       out=where, keep_records=False, record_chunk=ns.record_chunk)

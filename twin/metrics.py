@@ -210,8 +210,13 @@ def write_records(path: Path, records: Sequence[dict]) -> None:
     file (or none), never a half-written one that reads as whole."""
     from twin.outputs import atomic_writer
 
+    if hasattr(records, "blocks"):  # a RecordTable: its lines are formatted in bulk
+        with atomic_writer(path, binary=True) as fh:
+            for data, _ in records.blocks():
+                fh.write(data)
+        return
     with atomic_writer(path) as fh:
-        if hasattr(records, "lines"):  # a RecordTable: its lines are formatted in bulk
+        if hasattr(records, "lines"):
             fh.writelines(records.lines())
             return
         for rec in records:

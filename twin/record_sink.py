@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twin import record_table
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
 from twin.record_table import RecordTable, itl_stats, ok_pieces, record_order
 
@@ -93,7 +94,7 @@ class RecordSink:
         table = self._table(reqs, 0)
         self._keep_columns(table, reqs, np.asarray(order, dtype=np.int64) + seq0, group)
         if self.path is not None:
-            self._spill_lines(table.lines())
+            self._spill_lines(table.blocks())
         self._rows += len(reqs)
 
     def _table(self, reqs: list, worker: int) -> RecordTable:
@@ -145,21 +146,17 @@ class RecordSink:
         self._own.append(own_gaps)
         self._n_own += len(own_gaps)
 
-    def _spill_lines(self, lines: Iterator[str]) -> None:
+    def _spill_lines(self, blocks: Iterator[tuple[bytes, np.ndarray]]) -> None:
+        """Append lines to the spill, a block at a time (`RecordTable.blocks`), and note
+        where each begins."""
         if self._spill is None:  # unnamed (O_TMPFILE where there is one): never left behind
             self._spill = tempfile.TemporaryFile(dir=self.path.parent, prefix=".spill-")
         start = self._spill.tell()
-        sizes: list[int] = []
-        batch: list[bytes] = []
-        for line in lines:  # ~3 KB a line: written 1,024 lines at a time, not a chunk's
-            data = line.encode()
-            batch.append(data)
-            sizes.append(len(data))
-            if len(batch) == 1024:
-                self._spill.write(b"".join(batch))
-                batch = []
-        self._spill.write(b"".join(batch))
-        ends = np.cumsum(np.array(sizes, dtype=np.int64))
+        sizes: list[np.ndarray] = []
+        for data, lens in blocks:
+            self._spill.write(data)
+            sizes.append(lens)
+        ends = np.cumsum(np.concatenate(sizes)) if sizes else np.empty(0, dtype=np.int64)
         self._runs.append((self._rows, start + np.concatenate(([0], ends))))
 
     # ---- the end -------------------------------------------------------------------------
@@ -350,6 +347,8 @@ def _gaps_into(timeline, out: np.ndarray) -> None:
 
 def _window(reqs: list) -> tuple[int, int]:
     """The step indices [lo, hi) of the timeline that `reqs`' token events use."""
+    if record_table._C is not None:
+        return record_table._C.window(reqs)
     lo, hi = None, 0
     for r in reqs:
         for ev in r.tok_events:

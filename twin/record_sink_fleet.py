@@ -19,6 +19,7 @@ import numpy as np
 
 from twin.metrics import SLO
 from twin.record_sink import CHUNK, RecordSink, StreamedRecords
+from twin.record_table import line_blocks
 
 # errors of requests a Ctrl-C'd fleet run gives up (twin/fleet.py rewrites them)
 UNFINISHED = ("not sent before the horizon", "simulation ended")
@@ -54,7 +55,7 @@ class TicketSink(RecordSink):
             self._cols.setdefault("unfinished", []).append(np.array(
                 [r.status == "aborted" and (r.error or "").startswith(UNFINISHED)
                  for r in reqs], dtype=bool))
-            self._spill_lines(self._tagged(table.lines(), w, tickets))
+            self._spill_lines(line_blocks(self._tagged(table.lines(), w, tickets)))
             self._rows += len(reqs)
 
     def _tagged(self, lines, w: int, tickets: list):

@@ -15,6 +15,7 @@ prefill token, a return after a retraction) are computed per request.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import NamedTuple
@@ -22,6 +23,23 @@ from typing import NamedTuple
 import numpy as np
 
 from twin.metrics import SLO, summary_from_columns
+
+
+def _compiled():
+    """twin._recordsc (the compiled writer, twin/_recordsc.pyx) and None, or None and why
+    the Python code writes the records instead (the same bytes, slower)."""
+    if os.environ.get("SERVETWIN_PURE_PYTHON"):
+        return None, "SERVETWIN_PURE_PYTHON is set"
+    try:
+        from twin import _recordsc
+    except ImportError as exc:
+        return None, (f"the compiled records writer is not built ({exc}); "
+                      "reinstall with a C compiler (pip install -e .) for speed")
+    return _recordsc, None
+
+
+_C, WHY_PYTHON = _compiled()  # tests set `_C` to None to run the Python code
+BLOCK = 1024  # lines formatted into one bytes at a time (~3 MB of Vidur's)
 
 
 def _num(x: float | None) -> str:
@@ -84,9 +102,19 @@ class Plan(NamedTuple):
     own_gaps: np.ndarray  # float64
 
 
-def plan_gaps(reqs: Sequence, ends: np.ndarray, off: int) -> Plan:
+def plan_gaps(reqs: list, ends: np.ndarray, off: int) -> Plan:
     """The `Plan` of `reqs`' token events over `ends`, the step-end timeline from step
     `off` on."""
+    ends = np.ascontiguousarray(ends, dtype=float)
+    pieces = (_C.plan_gaps if _C is not None else _pieces)(reqs, ends, off)
+    first, start, length, n_out, own_raw = pieces
+    step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
+    return Plan(first, start, length, n_out, step_gaps, np.round(own_raw, 6))
+
+
+def _pieces(reqs: list, ends: np.ndarray, off: int) -> tuple:
+    """`plan_gaps`'s columns but the gaps' rounding: the first, start, length and n_out
+    columns and the boundary gaps unrounded (twin/_recordsc.pyx `plan_gaps`, compiled)."""
     item = ends.item  # a request's own boundaries only: no list of every step end
     at = item if not off else lambda j: item(j - off)
     braw: list[float] = []
@@ -120,11 +148,10 @@ def plan_gaps(reqs: Sequence, ends: np.ndarray, off: int) -> Plan:
                 n_out += 1
         first.append(len(start))
         n_outs.append(n_out)
-    step_gaps = np.round(np.diff(ends), 6) if len(ends) > 1 else np.empty(0)
-    own_gaps = np.round(np.asarray(braw, dtype=float), 6)
     i64 = np.int64
-    return Plan(np.array(first, dtype=i64), np.array(start, dtype=i64),
-                np.array(length, dtype=i64), np.array(n_outs, dtype=i64), step_gaps, own_gaps)
+    return (np.array(first, dtype=i64), np.array(start, dtype=i64),
+            np.array(length, dtype=i64), np.array(n_outs, dtype=i64),
+            np.asarray(braw, dtype=float))
 
 
 class RecordTable(Sequence):
@@ -213,6 +240,9 @@ class RecordTable(Sequence):
         summary and the lines."""
         if self._rounded is not None:
             return self._rounded
+        if _C is not None:
+            self._rounded = _C.times(self._reqs, self._plan().n_out)
+            return self._rounded
         arrival, ttft_c, tpot_c, e2e_c, queue_c, lost_c = [], [], [], [], [], []
         for r, n_out in zip(self._reqs, self._plan().n_out.tolist(), strict=True):
             ok = r.status == "ok"
@@ -228,8 +258,36 @@ class RecordTable(Sequence):
         return self._rounded
 
     # ---- requests.jsonl ------------------------------------------------------------------
+    def blocks(self, size: int = BLOCK) -> Iterator[tuple[bytes, np.ndarray]]:
+        """The JSON lines of every record, in order, `size` records at a time: (their
+        bytes, each line's length in bytes)."""
+        if _C is None:
+            yield from line_blocks(self._lines(), size)
+            return
+        plan = self._plan()
+        uniq, inv = self._step_unique() if len(plan.step_gaps) else (np.empty(0),
+                                                                    np.empty(0, np.int64))
+        own = plan.own_gaps
+        if len(own):  # written as `_strings` writes them: -0.0 as np.unique's 0.0
+            ou, oi = unique_inverse(own)
+            own = ou[oi]
+        writer = _C.LineWriter(self._reqs, plan.first, plan.start, plan.length, plan.n_out,
+                               self._times(), uniq, inv, own)
+        for i in range(0, len(self._reqs), size):
+            yield writer.block(i, min(i + size, len(self._reqs)))
+
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
+        if _C is None:
+            yield from self._lines()
+            return
+        for data, sizes in self.blocks():
+            text, pos = data.decode("ascii"), 0
+            for n in sizes.tolist():
+                yield text[pos:pos + n]
+                pos += n
+
+    def _lines(self) -> Iterator[str]:
         plan = self._plan()
         step_gaps = plan.step_gaps
         ss = self._strings(step_gaps, self._step_unique() if len(step_gaps) else None)
@@ -280,6 +338,18 @@ class RecordTable(Sequence):
         lens = plan.length[at].tolist()
         itl = itl_stats(joined, starts, lens, self._step_unique() if n_step else None)
         return summary_from_columns(cols, itl, slo, duration_s)
+
+
+def line_blocks(lines: Iterator[str], size: int = BLOCK) -> Iterator[tuple[bytes, np.ndarray]]:
+    """`lines` encoded, `size` at a time: (their bytes, each line's length in bytes)."""
+    batch: list[bytes] = []
+    for line in lines:
+        batch.append(line.encode())
+        if len(batch) == size:
+            yield b"".join(batch), np.array([len(b) for b in batch], dtype=np.int64)
+            batch = []
+    if batch:
+        yield b"".join(batch), np.array([len(b) for b in batch], dtype=np.int64)
 
 
 def ok_pieces(first: np.ndarray, ok: np.ndarray) -> np.ndarray:

@@ -1,0 +1,41 @@
+"""The optional compiled part of servetwin (issue 14): twin/_recordsc.pyx, the records'
+per-request work. Everything else is in pyproject.toml.
+
+Cython comes from PyPI as a build requirement (pyproject.toml). The extension is optional:
+where it cannot be built (no C compiler, a failed compile), the install still succeeds,
+and the Python code writes the same records, more slowly (`servetwin simulate` says so).
+"""
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing: setuptools' `optional=True` lets a
+    missing compiler executable through as an error."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the Python code
+            self.warn(f"servetwin: the compiled records writer was not built ({exc}); "
+                      "the Python code writes the same records, more slowly")
+
+    def build_extension(self, ext) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            self.warn(f"servetwin: {ext.name} was not built ({exc}); "
+                      "the Python code writes the same records, more slowly")
+
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # a build without the PEP 517 requirements: the Python code only
+    ext_modules = []
+else:
+    ext_modules = cythonize(
+        [Extension("twin._recordsc", ["twin/_recordsc.pyx"])],
+        compiler_directives={"language_level": 3}, quiet=True)
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

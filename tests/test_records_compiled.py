@@ -1,0 +1,176 @@
+"""The compiled records writer (twin/_recordsc.pyx) gives the Python code's values and bytes.
+
+The Python code in twin/record_table.py is the specification. Each test runs both on the
+same requests (`record_table._C` set to None for the Python side) and compares the token
+gaps' columns, the rounded times, the lines' bytes and the steps a chunk uses: on real
+simulated runs, and on requests drawn by hypothesis with what a run rarely makes
+(rids and errors that need escaping, numpy integers, NaN and infinite times, events
+out of order, huge byte counts). Without the extension built these skip, except under
+SERVETWIN_CI=1, where the install must have built it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import GPU, MODEL
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from twin import record_sink, record_table
+from twin.config import ServerArgs
+from twin.record_table import RecordTable
+from twin.sim import SimConfig, simulate
+from twin.workload import from_spec
+
+pytestmark = pytest.mark.offline
+
+COMPILED = record_table._C
+if COMPILED is None:
+    if os.environ.get("SERVETWIN_CI") == "1":
+        raise RuntimeError(f"CI must build the compiled writer: {record_table.WHY_PYTHON}")
+    pytest.skip(f"not built: {record_table.WHY_PYTHON}", allow_module_level=True)
+
+
+def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
+    """What each core makes of the same requests: columns, times, blocks, lines, window."""
+    out = []
+    for core in (None, COMPILED):
+        saved = record_table._C
+        record_table._C = core
+        try:
+            t = RecordTable(reqs, ends, offset=off, in_order=True)
+            p = t._plan()
+            out.append({"plan": [a.tolist() for a in p],
+                        "times": [list(c) for c in t._times()],
+                        "blocks": [(d, s.tolist()) for d, s in t.blocks(size=7)],
+                        "lines": list(t.lines()),
+                        "window": record_sink._window(reqs)})
+        finally:
+            record_table._C = saved
+    return out[0], out[1]
+
+
+RUNS = {
+    "plain": ({}, {}, "arrival=poisson,rate=4,n=150,prompt=uniform:100:3000,output=uniform:1:200"),
+    "retractions": ({"max_total_tokens": 12000}, {"ignore_eos": False},
+                    "arrival=poisson,rate=10,n=120,prompt=uniform:500:3000,output=uniform:50:400"),
+    "swap+slices": ({"max_total_tokens": 30000},
+                    {"preemption_mode": "aggressive", "swap_min_tokens": 100},
+                    "arrival=poisson,rate=8,n=100,prompt=uniform:500:3000,output=uniform:50:300,"
+                    "tiers=0:0.8/20:0.2"),
+    "mixed+horizon": ({"enable_mixed_chunk": True}, {"horizon_s": 10.0},
+                      "arrival=poisson,rate=12,n=200,prompt=uniform:100:9000,"
+                      "output=uniform:1:300"),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_both_cores_write_the_same_records_of_a_run(name: str) -> None:
+    server, twin, spec = RUNS[name]
+    res = simulate(from_spec(spec, seed=3), SimConfig(
+        args=ServerArgs(model_path=MODEL, **server), gpu=GPU, step_time_backend="roofline",
+        **twin))
+    table = res.records
+    py, c = both(table._reqs, table._ends)
+    assert py == c
+    assert c["lines"] == [json.dumps(r, separators=(",", ":")) + "\n" for r in table]
+    # a window of the timeline, as a spilled chunk's table has it
+    lo, hi = c["window"]
+    assert hi > lo
+    py, c = both(table._reqs, table._ends[lo:hi], lo)
+    assert py == c
+
+
+class Req:
+    """The fields of a SimRequest (twin/request_state.py) that the records read."""
+
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+TIME = st.one_of(st.floats(0, 1e6, allow_nan=False), st.sampled_from(
+    [float("nan"), float("inf"), 0.1 + 0.2, 1e-7, 123456.7890125]))
+INT = st.one_of(st.integers(-(2**70), 2**70), st.integers(0, 10**6).map(np.int64),
+                st.booleans())
+
+
+@st.composite
+def requests(draw):
+    n_steps = draw(st.integers(2, 40))
+    ends = np.cumsum(draw(st.lists(st.sampled_from([0.0125, 0.013, 1 / 3, 0.5, 2.0, 1e-9]),
+                                   min_size=n_steps, max_size=n_steps)))
+    reqs = []
+    for i in range(draw(st.integers(0, 6))):
+        # decode ranges (a, b) of the timeline (an empty or reversed one is skipped) and
+        # prefill ends, in any order
+        events = draw(st.lists(st.one_of(
+            st.tuples(st.integers(0, n_steps - 1), st.integers(0, n_steps)), TIME),
+            max_size=5))
+        status = draw(st.sampled_from(["ok", "ok", "aborted", "rejected", "failed"]))
+        ok_times = status == "ok"
+        arrival = draw(TIME)
+        first = draw(st.one_of(st.none(), TIME)) if not ok_times else draw(TIME)
+        reqs.append(Req(
+            rid=draw(TEXT), arrival_s=arrival, first_token_s=first,
+            finish_s=draw(TIME), status=status, queued_s=draw(TIME),
+            first_admit_s=draw(st.one_of(st.none(), TIME)), lost_s=draw(TIME),
+            prompt_tokens=draw(INT), cached_tokens=draw(INT), priority=draw(INT),
+            retractions=draw(INT), preemptions=draw(INT),
+            error=draw(st.one_of(st.none(), TEXT)),
+            moved_bytes=draw(st.one_of(st.floats(0, 1e22), st.just(2.5), st.just(3.5))),
+            ignore_eos=draw(st.sampled_from([True, False, 0, 1])), tok_events=events, index=i))
+    return reqs, ends
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_both_cores_agree_on_drawn_requests(drawn) -> None:
+    reqs, ends = drawn
+    py, c = both(reqs, ends)
+    assert repr(py) == repr(c)  # NaN times: equal text, not equal floats
+
+
+def test_a_token_event_outside_the_window_is_refused_not_read() -> None:
+    r = Req(tok_events=[(3, 9)])
+    with pytest.raises(IndexError, match="outside the steps 2..6"):
+        COMPILED.plan_gaps([r], np.arange(5, dtype=float), 2)
+
+
+TIES = [k / 128 for k in range(-300, 300)] + [k / 2**20 for k in range(0, 4000, 7)]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-2e9, 2e9),
+                 st.floats(-1e-5, 1e-5), st.sampled_from(TIES),
+                 st.integers(-10**15, 10**15).map(lambda n: n / 1e6),
+                 st.integers(-10**15, 10**15).map(lambda n: (n + 0.5) / 1e6)))
+def test_round_6_is_pythons_round(x: float) -> None:
+    got, want = COMPILED.round_6(x), round(x, 6)
+    assert repr(got) == repr(want), x  # the sign of a zero and NaN included
+
+
+def test_round_6_on_every_tie_and_its_neighbours() -> None:
+    """Exact halves of 1e-6 (x * 1e6 = N + 1/2 exactly: x = odd / 128) and the doubles
+    beside them, where a rounding shortcut goes wrong."""
+    for x in TIES:
+        for y in (x, np.nextafter(x, 1), np.nextafter(x, -1)):
+            assert repr(COMPILED.round_6(float(y))) == repr(round(float(y), 6)), y
+
+
+def test_strings_that_need_escaping_are_escaped_as_json_does() -> None:
+    odd = ["", "plain-1", 'q"uote', "back\\slash", "new\nline", "tab\t", "del\x7f", "\x1f",
+           "~ok~", "é", "日本", "\U0001f600", " "]
+    reqs = [Req(rid=s, arrival_s=1.0, first_token_s=None, finish_s=None, status="aborted",
+                queued_s=0.0, first_admit_s=None, lost_s=float("inf"), prompt_tokens=1,
+                cached_tokens=0, priority=0, retractions=0, preemptions=0, error=s or None,
+                moved_bytes=0.0, ignore_eos=True, tok_events=[], index=i)
+            for i, s in enumerate(odd)]
+    py, c = both(reqs, np.empty(0))
+    assert repr(py) == repr(c)
+    for line, s in zip(c["lines"], odd, strict=True):
+        assert json.loads(line.replace("Infinity", "1e999"))["rid"] == s

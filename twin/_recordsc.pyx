@@ -1,0 +1,462 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The records' per-request work, compiled (issue 14; docs/perf.md, "A typed core").
+
+The same functions as twin/record_table.py's Python ones, giving the same values and the
+same bytes: `plan_gaps` (a request's token events as gap pieces), `times` (its rounded
+times), `window` (the steps a chunk's requests used) and `LineWriter` (the JSON lines of
+`requests.jsonl`). The Python code is the specification; tests/test_records_compiled.py
+runs both on the same requests and compares. Floats are written by CPython's own
+`PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL)`, the function behind
+`float.__repr__`, so a number reads exactly as `json.dumps` writes it; times are rounded by
+the builtin `round`, strings escaped by `json`'s own `encode_basestring_ascii` wherever
+they are not plain printable ASCII.
+
+Built from Cython's PyPI wheel as an optional extension (setup.py): without a C
+compiler the install succeeds and the Python code runs (twin/record_table.py says why).
+"""
+
+from libc.math cimport copysign, fabs, floor, fma, fmod
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy, strlen
+
+import numpy as np
+
+from json.encoder import encode_basestring_ascii as _json_str
+
+
+cdef extern from "Python.h":
+    char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int* ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+    void PyMem_Free(void* p)
+    bint PyUnicode_IS_ASCII(object o)
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+
+
+_round = round
+cdef bytes _NO_IGNORE_EOS = b',"ignore_eos":false'
+
+
+# ---- growable C arrays -------------------------------------------------------------------
+cdef struct Buf:
+    char* data
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _reserve(void** data, Py_ssize_t* cap, Py_ssize_t need, Py_ssize_t item) except -1:
+    cdef Py_ssize_t c = cap[0] * 2
+    cdef void* p
+    if c < need:
+        c = need
+    if c < 1024:
+        c = 1024
+    p = realloc(data[0], c * item)
+    if p == NULL:
+        raise MemoryError()
+    data[0] = p
+    cap[0] = c
+    return 0
+
+
+cdef inline int put(Buf* b, const char* s, Py_ssize_t k) except -1:
+    if b.n + k > b.cap:
+        _reserve(<void**>&b.data, &b.cap, b.n + k, 1)
+    memcpy(b.data + b.n, s, k)
+    b.n += k
+    return 0
+
+
+cdef int put_repr(Buf* b, double x) except -1:
+    """repr(x)."""
+    cdef char* s = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        put(b, s, strlen(s))
+    finally:
+        PyMem_Free(s)
+    return 0
+
+
+cdef int put_num(Buf* b, object x) except -1:
+    """A JSON number as `json.dumps` writes a float (twin/record_table.py `_num`)."""
+    cdef char* s
+    if x is None:
+        return put(b, "null", 4)
+    s = PyOS_double_to_string(<double>x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        if s[0] == b'n':
+            put(b, "NaN", 3)
+        elif s[0] == b'i':
+            put(b, "Infinity", 8)
+        elif s[0] == b'-' and s[1] == b'i':
+            put(b, "-Infinity", 9)
+        else:
+            put(b, s, strlen(s))
+    finally:
+        PyMem_Free(s)
+    return 0
+
+
+cdef int put_int(Buf* b, object v) except -1:
+    """str(int(v))."""
+    cdef int overflow = 0
+    cdef long long x
+    if type(v) is not int:
+        v = int(v)
+    x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow:
+        s = str(v).encode()
+        return put(b, s, len(s))
+    return put_ll(b, x)
+
+
+cdef int put_ll(Buf* b, long long x) except -1:
+    """str(x)."""
+    cdef unsigned long long u
+    cdef char tmp[24]
+    cdef int k = 24
+    cdef bint neg
+    neg = x < 0
+    u = <unsigned long long>(-(x + 1)) + 1 if neg else <unsigned long long>x
+    while True:
+        k -= 1
+        tmp[k] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if neg:
+        k -= 1
+        tmp[k] = b'-'
+    return put(b, tmp + k, 24 - k)
+
+
+cdef int put_str(Buf* b, object s) except -1:
+    """`json.encoder.encode_basestring_ascii(s)`: plain printable ASCII copied as it is."""
+    cdef Py_ssize_t k, i
+    cdef const char* p
+    cdef unsigned char c
+    if type(s) is str and PyUnicode_IS_ASCII(s):
+        p = PyUnicode_AsUTF8AndSize(s, &k)
+        for i in range(k):
+            c = <unsigned char>p[i]
+            if c < 32 or c > 126 or c == 34 or c == 92:
+                break
+        else:
+            put(b, "\"", 1)
+            put(b, p, k)
+            return put(b, "\"", 1)
+    e = _json_str(s)
+    p = PyUnicode_AsUTF8AndSize(e, &k)
+    return put(b, p, k)
+
+
+# ---- token gaps --------------------------------------------------------------------------
+cdef struct I64s:
+    long long* data
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef struct F64s:
+    double* data
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef inline int push_i(I64s* v, long long x) except -1:
+    if v.n == v.cap:
+        _reserve(<void**>&v.data, &v.cap, v.n + 1, sizeof(long long))
+    v.data[v.n] = x
+    v.n += 1
+    return 0
+
+
+cdef inline int push_f(F64s* v, double x) except -1:
+    if v.n == v.cap:
+        _reserve(<void**>&v.data, &v.cap, v.n + 1, sizeof(double))
+    v.data[v.n] = x
+    v.n += 1
+    return 0
+
+
+cdef object _i64_array(I64s* v):
+    out = np.empty(v.n, dtype=np.int64)
+    cdef long long[::1] mv = out
+    if v.n:
+        memcpy(&mv[0], v.data, v.n * sizeof(long long))
+    return out
+
+
+def plan_gaps(list reqs, const double[::1] ends, Py_ssize_t off):
+    """twin/record_table.py `plan_gaps` (the `Plan`'s fields, as a tuple)."""
+    cdef Py_ssize_t n = len(reqs), i, a, b, m = ends.shape[0]
+    cdef long long n_out
+    cdef double prev = 0.0, x
+    cdef bint has_prev
+    cdef I64s start
+    cdef I64s length
+    cdef F64s braw
+    start.data = NULL
+    start.n = start.cap = 0
+    length.data = NULL
+    length.n = length.cap = 0
+    braw.data = NULL
+    braw.n = braw.cap = 0
+    first = np.empty(n + 1, dtype=np.int64)
+    nout = np.empty(n, dtype=np.int64)
+    cdef long long[::1] fv = first
+    cdef long long[::1] ov = nout
+    cdef double[::1] wv
+    fv[0] = 0
+    try:
+        for i in range(n):
+            has_prev = False
+            n_out = 0
+            for ev in reqs[i].tok_events:
+                if isinstance(ev, tuple):
+                    a, b = ev
+                    if b <= a:
+                        continue
+                    if a - off < 0 or b - 1 - off >= m:
+                        raise IndexError(f"token event {ev} outside the steps "
+                                         f"{off}..{off + m - 1}")
+                    if has_prev:
+                        push_i(&start, -1 - braw.n)
+                        push_i(&length, 1)
+                        push_f(&braw, ends[a - off] - prev)
+                    if b - a > 1:
+                        push_i(&start, a - off)
+                        push_i(&length, b - 1 - a)
+                    prev = ends[b - 1 - off]
+                    has_prev = True
+                    n_out += b - a
+                else:
+                    x = ev
+                    if has_prev:
+                        push_i(&start, -1 - braw.n)
+                        push_i(&length, 1)
+                        push_f(&braw, x - prev)
+                    prev = x
+                    has_prev = True
+                    n_out += 1
+            fv[i + 1] = start.n
+            ov[i] = n_out
+        own = np.empty(braw.n, dtype=float)
+        wv = own
+        if braw.n:
+            memcpy(&wv[0], braw.data, braw.n * sizeof(double))
+        return first, _i64_array(&start), _i64_array(&length), nout, own
+    finally:
+        free(start.data)
+        free(length.data)
+        free(braw.data)
+
+
+def round_6(double x):
+    """`round6` to Python (tests/test_records_compiled.py compares it with round)."""
+    return round6(x)
+
+
+def window(list reqs):
+    """twin/record_sink.py `_window`: the steps [lo, hi) that `reqs`' token events use."""
+    cdef Py_ssize_t a, b, lo = 0, hi = 0
+    cdef bint seen = False
+    for r in reqs:
+        for ev in r.tok_events:
+            if isinstance(ev, tuple):
+                a, b = ev
+                if b > a:
+                    if not seen or a < lo:
+                        lo = a
+                        seen = True
+                    if b > hi:
+                        hi = b
+    if not seen:
+        return 0, 0
+    return lo, hi
+
+
+# ---- rounded times -----------------------------------------------------------------------
+cdef double round6(double x) except? -1.0:
+    """round(x, 6), exactly as Python's `float.__round__` gives it: the integer N nearest
+    |x| * 10**6 (ties to even), from the product and its exact error (fma), then N / 10**6
+    with x's sign: IEEE division rounds it correctly, as `float.__round__`'s strtod of
+    "Ne-6" does, and round half to even is symmetric. NaN, infinities and |x| >= 1e9 go
+    to Python's round itself."""
+    cdef double ax = fabs(x), p, e, lo, a, n
+    if not (ax < 1e9):
+        return _round(x, 6)
+    p = ax * 1e6  # < 2**50: its ulp is at most 1/4
+    e = fma(ax, 1e6, -p)  # ax * 1e6 == p + e exactly, |e| <= ulp(p) / 2 <= 1/8
+    lo = floor(p)
+    # p - lo is exact (Sterbenz, or lo == 0); so is its difference with 1/2 from 1/4 up, and
+    # below 1/4 that difference is under -1/4 whatever its rounding: adding e cannot turn it.
+    # The sum of two exact doubles has the sign of the exact sum.
+    a = ((p - lo) - 0.5) + e
+    if a > 0 or (a == 0 and fmod(lo, 2.0) != 0):
+        n = lo + 1
+    else:
+        n = lo
+    return copysign(n / 1e6, x)
+
+
+cdef inline object _r(double x):
+    return round6(x)
+
+
+def times(list reqs, const long long[::1] n_out):
+    """twin/record_table.py `RecordTable._times`: per request, as the record writes them,
+    arrival, TTFT, TPOT, E2E, queue and lost seconds (None where the record has null)."""
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef double arrival, ttft = 0.0, e2e
+    cdef bint ok, has_ttft
+    cdef list arr_c = [], ttft_c = [], tpot_c = [], e2e_c = [], queue_c = [], lost_c = []
+    for i in range(n):
+        r = reqs[i]
+        ok = r.status == "ok"
+        arrival = r.arrival_s
+        fts = r.first_token_s
+        has_ttft = fts is not None
+        if has_ttft:
+            ttft = <double>fts - arrival
+        arr_c.append(_r(arrival))
+        ttft_c.append(_r(ttft) if has_ttft else None)
+        if ok:
+            e2e = <double>r.finish_s - arrival
+            if n_out[i] > 1:
+                if not has_ttft:
+                    raise TypeError(f"request {r.rid!r}: ok without a first token")
+                tpot_c.append(_r((e2e - ttft) / <double>(n_out[i] - 1)))
+            else:
+                tpot_c.append(None)
+            e2e_c.append(_r(e2e))
+        else:
+            tpot_c.append(None)
+            e2e_c.append(None)
+        queue_c.append(_r(r.queued_s) if r.first_admit_s is not None else None)
+        lost_c.append(_r(r.lost_s))
+    return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+
+
+# ---- requests.jsonl ----------------------------------------------------------------------
+cdef class LineWriter:
+    """The JSON lines of a `RecordTable` (twin/record_table.py `RecordTable.lines`), a block
+    of requests at a time: `block(i0, i1)` gives the lines of requests i0..i1-1 as one
+    bytes and their lengths."""
+
+    cdef list reqs
+    cdef const long long[::1] first
+    cdef const long long[::1] start
+    cdef const long long[::1] length
+    cdef const long long[::1] n_out
+    cdef const double[::1] own
+    cdef tuple times
+    cdef bytes text  # every step gap's repr and a comma, in the timeline's order
+    cdef const long long[::1] text_at  # where step gap g's text starts (and ends: g + 1)
+
+    def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own):
+        """`uniq`, `inv`: the distinct step gaps and each step gap's index among them
+        (`RecordTable._step_unique`): each distinct gap is formatted once, and the text of
+        every step gap is laid out once, so a request's run of steps is one copy."""
+        cdef Buf d, b
+        cdef Py_ssize_t j, g
+        cdef const double[::1] u = np.ascontiguousarray(uniq, dtype=float)
+        cdef const long long[::1] iv = np.ascontiguousarray(inv, dtype=np.int64)
+        self.reqs = reqs
+        self.first, self.start, self.length, self.n_out = first, start, length, n_out
+        self.times = tuple(times)
+        self.own = np.ascontiguousarray(own, dtype=float)
+        dat = np.empty(u.shape[0] + 1, dtype=np.int64)
+        at = np.empty(iv.shape[0] + 1, dtype=np.int64)
+        cdef long long[::1] dv = dat
+        cdef long long[::1] av = at
+        d.data = b.data = NULL
+        d.n = d.cap = b.n = b.cap = 0
+        try:
+            dv[0] = 0
+            for j in range(u.shape[0]):
+                put_repr(&d, u[j])
+                put(&d, ",", 1)
+                dv[j + 1] = d.n
+            av[0] = 0
+            for g in range(iv.shape[0]):
+                j = iv[g]
+                put(&b, d.data + dv[j], dv[j + 1] - dv[j])
+                av[g + 1] = b.n
+            self.text = b.data[:b.n] if b.n else b""
+        finally:
+            free(d.data)
+            free(b.data)
+        self.text_at = at
+
+    def block(self, Py_ssize_t i0, Py_ssize_t i1):
+        """(the lines of requests i0..i1-1, each with its newline; their byte lengths)."""
+        cdef Buf b
+        cdef Py_ssize_t i, k, g, s, e, line0
+        cdef const char* text = self.text
+        cdef list arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+        arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c = self.times
+        sizes = np.empty(i1 - i0, dtype=np.int64)
+        cdef long long[::1] sv = sizes
+        b.data = NULL
+        b.n = b.cap = 0
+        try:
+            for i in range(i0, i1):
+                r = self.reqs[i]
+                line0 = b.n
+                put(&b, "{\"rid\":", 7)
+                put_str(&b, r.rid)
+                put(&b, ",\"arrival_s\":", 13)
+                put_num(&b, arr_c[i])
+                put(&b, ",\"prompt_tokens\":", 17)
+                put_int(&b, r.prompt_tokens)
+                put(&b, ",\"cached_tokens\":", 17)
+                put_int(&b, r.cached_tokens)
+                put(&b, ",\"output_tokens\":", 17)
+                put_ll(&b, self.n_out[i])
+                put(&b, ",\"priority\":", 12)
+                put_int(&b, r.priority)
+                put(&b, ",\"ttft_s\":", 10)
+                put_num(&b, ttft_c[i])
+                put(&b, ",\"tpot_s\":", 10)
+                put_num(&b, tpot_c[i])
+                put(&b, ",\"itl_s\":[", 10)
+                e = 0  # gaps written so far
+                for k in range(self.first[i], self.first[i + 1]):
+                    s = self.start[k]
+                    if e:
+                        put(&b, ",", 1)
+                    e += 1
+                    if s >= 0:  # step gaps s .. s + length - 1, without the last comma
+                        g = s + self.length[k]
+                        put(&b, text + self.text_at[s], self.text_at[g] - self.text_at[s] - 1)
+                    else:
+                        put_repr(&b, self.own[-1 - s])
+                put(&b, "],\"e2e_s\":", 10)
+                put_num(&b, e2e_c[i])
+                put(&b, ",\"queue_s\":", 11)
+                put_num(&b, queue_c[i])
+                put(&b, ",\"retractions\":", 15)
+                put_int(&b, r.retractions)
+                put(&b, ",\"preemptions\":", 15)
+                put_int(&b, r.preemptions)
+                put(&b, ",\"status\":", 10)
+                put_str(&b, r.status)
+                put(&b, ",\"error\":", 9)
+                err = r.error
+                if err is None:
+                    put(&b, "null", 4)
+                else:
+                    put_str(&b, err)
+                put(&b, ",\"lost_s\":", 10)
+                put_num(&b, lost_c[i])
+                put(&b, ",\"kv_moved_bytes\":", 18)
+                put_int(&b, _round(r.moved_bytes))
+                if not r.ignore_eos:
+                    put(&b, _NO_IGNORE_EOS, len(_NO_IGNORE_EOS))
+                put(&b, "}\n", 2)
+                sv[i - i0] = b.n - line0
+            return (b.data[:b.n] if b.n else b""), sizes
+        finally:
+            free(b.data)
