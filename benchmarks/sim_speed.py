@@ -92,7 +92,25 @@ def base_tree(commit: str, name: str = "servetwin-base") -> Path:
     path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "tree"  # its own: runs may overlap
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path),
                     commit], check=True, capture_output=True)
+    if (path / "setup.py").exists():  # its compiled records writer, as pip install builds it
+        done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"],
+                              cwd=path, capture_output=True, text=True)
+        if done.returncode or not list((path / "twin").glob("_recordsc.*.so")):
+            print(f"# {commit}: its compiled records writer was not built (is Cython "
+                  f"installed? pip install -e '.[test]'): {done.stderr.strip()[-300:]}",
+                  file=sys.stderr)
     return path
+
+
+def records_core(tree: Path) -> str:
+    """Which code writes a tree's records: its compiled writer, or the Python code and why
+    (a tree from before the compiled writer: the Python code)."""
+    done = subprocess.run([sys.executable, "-c", "import twin.record_table as t; "
+                           "print(getattr(t, 'WHY_PYTHON', 'no compiled writer') or '')"],
+                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                          text=True)
+    why = done.stdout.strip()
+    return "the compiled writer" if done.returncode == 0 and not why else f"Python ({why})"
 
 
 def drop_tree(tree: Path) -> None:
@@ -122,6 +140,8 @@ def main() -> None:
           + (" (+ uncommitted)" if subprocess.run(
               ["git", "-C", str(new), "diff", "--quiet", "HEAD", "--", "twin"]).returncode
              else "") + (f", base {ns.base}" if base else ""))
+    print(f"# records written by: tree {records_core(new)}"
+          + (f"; base {records_core(base)}" if base else ""))
     for w in ns.workloads:
         print(f"# {w}: servetwin simulate {' '.join(WORKLOADS[w]('N'))}")
     print("| workload | requests | CPU s | requests / CPU-s | peak RSS MB | base CPU s | "

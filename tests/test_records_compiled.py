@@ -47,6 +47,9 @@ def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
             out.append({"plan": [a.tolist() for a in p],
                         "times": [list(c) for c in t._times()],
                         "blocks": [(d, s.tolist()) for d, s in t.blocks(size=7)],
+                        "tailed": [(d, s.tolist()) for d, s in t.blocks(size=5, tails=[
+                            f',"replica":"r{i}","attempts":{i}'.encode()
+                            for i in range(len(reqs))])],
                         "lines": list(t.lines()),
                         "window": record_sink._window(reqs)})
         finally:

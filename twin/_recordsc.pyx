@@ -390,8 +390,9 @@ cdef class LineWriter:
             free(b.data)
         self.text_at = at
 
-    def block(self, Py_ssize_t i0, Py_ssize_t i1):
-        """(the lines of requests i0..i1-1, each with its newline; their byte lengths)."""
+    def block(self, Py_ssize_t i0, Py_ssize_t i1, list tails=None):
+        """(the lines of requests i0..i1-1, each with its newline; their byte lengths).
+        `tails`: per request (from i0), bytes that end its object (a fleet's fields)."""
         cdef Buf b
         cdef Py_ssize_t i, k, g, s, e, line0
         cdef const char* text = self.text
@@ -455,6 +456,9 @@ cdef class LineWriter:
                 put_int(&b, _round(r.moved_bytes))
                 if not r.ignore_eos:
                     put(&b, _NO_IGNORE_EOS, len(_NO_IGNORE_EOS))
+                if tails is not None:
+                    tail = <bytes?>tails[i - i0]
+                    put(&b, tail, len(tail))
                 put(&b, "}\n", 2)
                 sv[i - i0] = b.n - line0
             return (b.data[:b.n] if b.n else b""), sizes

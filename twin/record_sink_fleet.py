@@ -19,7 +19,6 @@ import numpy as np
 
 from twin.metrics import SLO
 from twin.record_sink import CHUNK, RecordSink, StreamedRecords
-from twin.record_table import line_blocks
 
 # errors of requests a Ctrl-C'd fleet run gives up (twin/fleet.py rewrites them)
 UNFINISHED = ("not sent before the horizon", "simulation ended")
@@ -55,14 +54,15 @@ class TicketSink(RecordSink):
             self._cols.setdefault("unfinished", []).append(np.array(
                 [r.status == "aborted" and (r.error or "").startswith(UNFINISHED)
                  for r in reqs], dtype=bool))
-            self._spill_lines(line_blocks(self._tagged(table.lines(), w, tickets)))
+            self._spill_lines(table.blocks(tails=self._tails(w, tickets)))
             self._rows += len(reqs)
 
-    def _tagged(self, lines, w: int, tickets: list):
+    def _tails(self, w: int, tickets: list) -> list[bytes]:
+        """Each record's fleet fields: the replica and pool it ran on, its attempts."""
         name, pool = ("null", "null") if w < 0 else (
             _json_str(self.workers[w].name), _json_str(self.workers[w].pool))
-        for line, t in zip(lines, tickets, strict=True):
-            yield f'{line[:-2]},"replica":{name},"pool":{pool},"attempts":{t.attempts}}}\n'
+        head = f',"replica":{name},"pool":{pool},"attempts":'
+        return [f"{head}{t.attempts}".encode() for t in tickets]
 
     def finish(self, slo: SLO | None = None) -> FleetRecords:
         """The records (merged into `path`), for `Deployment.summary` to summarise."""

@@ -258,12 +258,20 @@ class RecordTable(Sequence):
         return self._rounded
 
     # ---- requests.jsonl ------------------------------------------------------------------
-    def blocks(self, size: int = BLOCK) -> Iterator[tuple[bytes, np.ndarray]]:
+    def blocks(self, size: int = BLOCK, tails: list[bytes] | None = None
+               ) -> Iterator[tuple[bytes, np.ndarray]]:
         """The JSON lines of every record, in order, `size` records at a time: (their
-        bytes, each line's length in bytes)."""
+        bytes, each line's length in bytes). `tails`: per record, ASCII fields that end
+        its object (a fleet's replica, pool and attempts)."""
         if _C is None:
-            yield from line_blocks(self._lines(), size)
+            lines = self._lines()
+            if tails is not None:
+                lines = (f"{line[:-2]}{tail.decode()}}}\n"
+                         for line, tail in zip(lines, tails, strict=True))
+            yield from line_blocks(lines, size)
             return
+        if tails is not None and len(tails) != len(self._reqs):
+            raise ValueError(f"{len(tails)} tails for {len(self._reqs)} records")
         plan = self._plan()
         uniq, inv = self._step_unique() if len(plan.step_gaps) else (np.empty(0),
                                                                     np.empty(0, np.int64))
@@ -274,7 +282,8 @@ class RecordTable(Sequence):
         writer = _C.LineWriter(self._reqs, plan.first, plan.start, plan.length, plan.n_out,
                                self._times(), uniq, inv, own)
         for i in range(0, len(self._reqs), size):
-            yield writer.block(i, min(i + size, len(self._reqs)))
+            j = min(i + size, len(self._reqs))
+            yield writer.block(i, j, None if tails is None else tails[i:j])
 
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
