@@ -107,8 +107,8 @@ def records_core(tree: Path) -> str:
     (a tree from before the compiled writer: the Python code)."""
     done = subprocess.run([sys.executable, "-c", "import twin.record_table as t; "
                            "print(getattr(t, 'WHY_PYTHON', 'no compiled writer') or '')"],
-                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
-                          text=True)
+                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
+                          capture_output=True, text=True)
     why = done.stdout.strip()
     return "the compiled writer" if done.returncode == 0 and not why else f"Python ({why})"
 
