@@ -177,3 +177,23 @@ def test_strings_that_need_escaping_are_escaped_as_json_does() -> None:
     assert repr(py) == repr(c)
     for line, s in zip(c["lines"], odd, strict=True):
         assert json.loads(line.replace("Infinity", "1e999"))["rid"] == s
+
+
+def test_the_line_writer_refuses_columns_that_do_not_fit() -> None:
+    """`block` reads its columns unchecked: a piece past the gaps is refused up front."""
+    r = Req(rid="a", arrival_s=0.0, first_token_s=0.5, finish_s=1.0, status="ok", queued_s=0.0,
+            first_admit_s=0.0, lost_s=0.0, prompt_tokens=1, cached_tokens=0, priority=0,
+            retractions=0, preemptions=0, error=None, moved_bytes=0.0, ignore_eos=True,
+            tok_events=[], index=0)
+    i64 = np.int64
+    times = [[0.0]] * 6
+    args = dict(first=np.array([0, 1], i64), n_out=np.array([2], i64), times=times,
+                uniq=np.array([0.5]), inv=np.zeros(3, i64), own=np.empty(0))
+    ok = COMPILED.LineWriter([r], start=np.array([1], i64), length=np.array([2], i64), **args)
+    assert ok.block(0, 1)[0].count(b"0.5") == 2
+    with pytest.raises(ValueError, match="outside the 3 step gaps"):
+        COMPILED.LineWriter([r], start=np.array([2], i64), length=np.array([2], i64), **args)
+    with pytest.raises(ValueError, match="outside the 0 boundary gaps"):
+        COMPILED.LineWriter([r], start=np.array([-1], i64), length=np.array([1], i64), **args)
+    with pytest.raises(IndexError, match="block 0..2 of 1"):
+        ok.block(0, 2)

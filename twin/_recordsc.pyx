@@ -312,6 +312,8 @@ def times(list reqs, const long long[::1] n_out):
     cdef double arrival, ttft = 0.0, e2e
     cdef bint ok, has_ttft
     cdef list arr_c = [], ttft_c = [], tpot_c = [], e2e_c = [], queue_c = [], lost_c = []
+    if n_out.shape[0] != n:
+        raise ValueError(f"{n_out.shape[0]} output counts for {n} records")
     for i in range(n):
         r = reqs[i]
         ok = r.status == "ok"
@@ -340,6 +342,25 @@ def times(list reqs, const long long[::1] n_out):
 
 
 # ---- requests.jsonl ----------------------------------------------------------------------
+def _check_plan(n, first, start, length, n_out, times, n_gaps, n_own, n_uniq, inv):
+    """Refuse columns that do not fit together before `block` reads them unchecked."""
+    first, start, length = np.asarray(first), np.asarray(start), np.asarray(length)
+    if (len(first) != n + 1 or len(n_out) != n or len(start) != len(length)
+            or first[0] != 0 or first[n] != len(start) or (np.diff(first) < 0).any()):
+        raise ValueError(f"a plan's columns do not fit {n} records: first {len(first)}, "
+                         f"n_out {len(n_out)}, start {len(start)}, length {len(length)}")
+    if len(times) != 6 or any(len(col) != n for col in times):
+        raise ValueError(f"times: 6 columns of {n} expected")
+    step = start >= 0
+    if step.any() and ((length[step] < 1).any()
+                       or (start[step] + length[step] > n_gaps).any()):
+        raise ValueError(f"a step piece outside the {n_gaps} step gaps")
+    if (~step).any() and (-1 - start[~step] >= n_own).any():
+        raise ValueError(f"a boundary piece outside the {n_own} boundary gaps")
+    if len(inv) and (np.min(inv) < 0 or np.max(inv) >= n_uniq):
+        raise ValueError(f"a step gap's index outside the {n_uniq} distinct gaps")
+
+
 cdef class LineWriter:
     """The JSON lines of a `RecordTable` (twin/record_table.py `RecordTable.lines`), a block
     of requests at a time: `block(i0, i1)` gives the lines of requests i0..i1-1 as one
@@ -367,6 +388,8 @@ cdef class LineWriter:
         self.first, self.start, self.length, self.n_out = first, start, length, n_out
         self.times = tuple(times)
         self.own = np.ascontiguousarray(own, dtype=float)
+        _check_plan(len(reqs), first, start, length, n_out, self.times, iv.shape[0],
+                    self.own.shape[0], u.shape[0], iv)
         dat = np.empty(u.shape[0] + 1, dtype=np.int64)
         at = np.empty(iv.shape[0] + 1, dtype=np.int64)
         cdef long long[::1] dv = dat
@@ -395,6 +418,10 @@ cdef class LineWriter:
         `tails`: per request (from i0), bytes that end its object (a fleet's fields)."""
         cdef Buf b
         cdef Py_ssize_t i, k, g, s, e, line0
+        if not 0 <= i0 <= i1 <= len(self.reqs):
+            raise IndexError(f"block {i0}..{i1} of {len(self.reqs)} records")
+        if tails is not None and len(tails) != i1 - i0:
+            raise ValueError(f"{len(tails)} tails for {i1 - i0} records")
         cdef const char* text = self.text
         cdef list arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
         arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c = self.times
@@ -433,7 +460,8 @@ cdef class LineWriter:
                         g = s + self.length[k]
                         put(&b, text + self.text_at[s], self.text_at[g] - self.text_at[s] - 1)
                     else:
-                        put_repr(&b, self.own[-1 - s])
+                        g = -1 - s
+                        put_repr(&b, self.own[g])
                 put(&b, "],\"e2e_s\":", 10)
                 put_num(&b, e2e_c[i])
                 put(&b, ",\"queue_s\":", 11)
