@@ -197,3 +197,54 @@ def test_the_line_writer_refuses_columns_that_do_not_fit() -> None:
         COMPILED.LineWriter([r], start=np.array([-1], i64), length=np.array([1], i64), **args)
     with pytest.raises(IndexError, match="block 0..2 of 1"):
         ok.block(0, 2)
+
+
+def _req(**kw) -> Req:
+    base = dict(rid="a", arrival_s=0.0, first_token_s=0.5, finish_s=1.0, status="ok",
+                queued_s=0.0, first_admit_s=0.0, lost_s=0.0, prompt_tokens=1, cached_tokens=0,
+                priority=0, retractions=0, preemptions=0, error=None, moved_bytes=0.0,
+                ignore_eos=True, tok_events=[0.5], index=0)
+    return Req(**{**base, **kw})
+
+
+def test_inputs_that_would_read_outside_the_arrays_raise_instead() -> None:
+    """The compiled code reads its arrays unchecked; each of these once reached past them
+    (integer overflow in a bounds check, a list that changed under a writer, a refused
+    second __init__): now each raises, and nothing is read."""
+    ends = np.arange(5.0)
+    with pytest.raises(IndexError, match="outside the steps"):  # a - off wrapped around
+        COMPILED.plan_gaps([_req(tok_events=[(-2**63, -2**62), 1.0])], ends, 1)
+    with pytest.raises(ValueError, match="negative step offset"):
+        COMPILED.plan_gaps([_req(tok_events=[(0, 2**62 + 2**40)])], ends, -10)
+    i64 = np.int64
+    args = dict(n_out=np.array([2], i64), times=[[0.0]] * 6, uniq=np.array([0.5]),
+                inv=np.zeros(3, i64), own=np.empty(0))
+    with pytest.raises(ValueError, match="outside the 3 step gaps"):  # start + length wrapped
+        COMPILED.LineWriter([_req()], np.array([0, 1], i64), np.array([1], i64),
+                            np.array([2**63 - 1], i64), **args)
+    reqs = [_req()]
+    w = COMPILED.LineWriter(reqs, np.array([0, 1], i64), np.array([1], i64),
+                            np.array([2], i64), **args)
+    line = w.block(0, 1)[0]
+    reqs.extend(_req() for _ in range(1000))  # the writer keeps its own copy
+    with pytest.raises(IndexError, match="block 0..1001 of 1"):
+        w.block(0, len(reqs))
+    with pytest.raises(ValueError):  # refused: the writer keeps the columns it had
+        w.__init__([_req()], np.array([0, 1], i64), np.array([10**6], i64),
+                   np.array([10**6], i64), **args)
+    assert w.block(0, 1)[0] == line
+
+
+def test_a_list_emptied_while_it_is_read_is_read_from_a_copy() -> None:
+    reqs: list = []
+
+    class Emptying(Req):
+        @property
+        def tok_events(self):
+            reqs.clear()
+            return [0.5]
+
+    reqs[:] = [Emptying(**{k: v for k, v in vars(_req()).items() if k != "tok_events"})
+               for _ in range(50)]
+    first, *_ = COMPILED.plan_gaps(reqs, np.arange(5.0), 0)
+    assert len(first) == 51

@@ -188,8 +188,9 @@ cdef object _i64_array(I64s* v):
     return out
 
 
-def plan_gaps(list reqs, const double[::1] ends, Py_ssize_t off):
+def plan_gaps(list reqs_, const double[::1] ends, Py_ssize_t off):
     """twin/record_table.py `plan_gaps` (the `Plan`'s fields, as a tuple)."""
+    cdef tuple reqs = tuple(reqs_)
     cdef Py_ssize_t n = len(reqs), i, a, b, m = ends.shape[0]
     cdef long long n_out
     cdef double prev = 0.0, x
@@ -209,6 +210,8 @@ def plan_gaps(list reqs, const double[::1] ends, Py_ssize_t off):
     cdef long long[::1] ov = nout
     cdef double[::1] wv
     fv[0] = 0
+    if off < 0:
+        raise ValueError(f"negative step offset {off}")
     try:
         for i in range(n):
             has_prev = False
@@ -218,7 +221,7 @@ def plan_gaps(list reqs, const double[::1] ends, Py_ssize_t off):
                     a, b = ev
                     if b <= a:
                         continue
-                    if a - off < 0 or b - 1 - off >= m:
+                    if a < off or b - off > m:
                         raise IndexError(f"token event {ev} outside the steps "
                                          f"{off}..{off + m - 1}")
                     if has_prev:
@@ -305,9 +308,10 @@ cdef inline object _r(double x):
     return round6(x)
 
 
-def times(list reqs, const long long[::1] n_out):
+def times(list reqs_, const long long[::1] n_out):
     """twin/record_table.py `RecordTable._times`: per request, as the record writes them,
     arrival, TTFT, TPOT, E2E, queue and lost seconds (None where the record has null)."""
+    cdef tuple reqs = tuple(reqs_)
     cdef Py_ssize_t i, n = len(reqs)
     cdef double arrival, ttft = 0.0, e2e
     cdef bint ok, has_ttft
@@ -353,7 +357,7 @@ def _check_plan(n, first, start, length, n_out, times, n_gaps, n_own, n_uniq, in
         raise ValueError(f"times: 6 columns of {n} expected")
     step = start >= 0
     if step.any() and ((length[step] < 1).any()
-                       or (start[step] + length[step] > n_gaps).any()):
+                       or (length[step] > n_gaps - start[step]).any()):
         raise ValueError(f"a step piece outside the {n_gaps} step gaps")
     if (~step).any() and (-1 - start[~step] >= n_own).any():
         raise ValueError(f"a boundary piece outside the {n_own} boundary gaps")
@@ -366,7 +370,7 @@ cdef class LineWriter:
     of requests at a time: `block(i0, i1)` gives the lines of requests i0..i1-1 as one
     bytes and their lengths."""
 
-    cdef list reqs
+    cdef tuple reqs
     cdef const long long[::1] first
     cdef const long long[::1] start
     cdef const long long[::1] length
@@ -384,12 +388,15 @@ cdef class LineWriter:
         cdef Py_ssize_t j, g
         cdef const double[::1] u = np.ascontiguousarray(uniq, dtype=float)
         cdef const long long[::1] iv = np.ascontiguousarray(inv, dtype=np.int64)
-        self.reqs = reqs
-        self.first, self.start, self.length, self.n_out = first, start, length, n_out
-        self.times = tuple(times)
-        self.own = np.ascontiguousarray(own, dtype=float)
-        _check_plan(len(reqs), first, start, length, n_out, self.times, iv.shape[0],
-                    self.own.shape[0], u.shape[0], iv)
+        cdef tuple rs = tuple(reqs)
+        cdef tuple tm = tuple([tuple(c) for c in times])
+        cdef const long long[::1] f1 = first
+        cdef const long long[::1] s1 = start
+        cdef const long long[::1] l1 = length
+        cdef const long long[::1] n1 = n_out
+        cdef const double[::1] o1 = np.ascontiguousarray(own, dtype=float)
+        _check_plan(len(rs), first, start, length, n_out, tm, iv.shape[0],
+                    o1.shape[0], u.shape[0], iv)
         dat = np.empty(u.shape[0] + 1, dtype=np.int64)
         at = np.empty(iv.shape[0] + 1, dtype=np.int64)
         cdef long long[::1] dv = dat
@@ -412,18 +419,28 @@ cdef class LineWriter:
             free(d.data)
             free(b.data)
         self.text_at = at
+        self.reqs, self.times = rs, tm
+        self.first, self.start, self.length, self.n_out, self.own = f1, s1, l1, n1, o1
 
-    def block(self, Py_ssize_t i0, Py_ssize_t i1, list tails=None):
+    def block(self, Py_ssize_t i0, Py_ssize_t i1, tails=None):
         """(the lines of requests i0..i1-1, each with its newline; their byte lengths).
         `tails`: per request (from i0), bytes that end its object (a fleet's fields)."""
         cdef Buf b
         cdef Py_ssize_t i, k, g, s, e, line0
-        if not 0 <= i0 <= i1 <= len(self.reqs):
-            raise IndexError(f"block {i0}..{i1} of {len(self.reqs)} records")
-        if tails is not None and len(tails) != i1 - i0:
-            raise ValueError(f"{len(tails)} tails for {i1 - i0} records")
-        cdef const char* text = self.text
-        cdef list arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+        cdef list tl
+        cdef bytes txt = self.text  # held here: a re-__init__ during the loop cannot free it
+        cdef const char* text = txt
+        cdef tuple reqs = self.reqs
+        if not 0 <= i0 <= i1 <= len(reqs):
+            raise IndexError(f"block {i0}..{i1} of {len(reqs)} records")
+        cdef const long long[::1] first = self.first, start = self.start, length = self.length
+        cdef const long long[::1] n_out = self.n_out, text_at = self.text_at
+        cdef const double[::1] own = self.own
+        if tails is not None:
+            tails = list(tails)
+            if len(tails) != i1 - i0:
+                raise ValueError(f"{len(tails)} tails for {i1 - i0} records")
+        cdef tuple arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
         arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c = self.times
         sizes = np.empty(i1 - i0, dtype=np.int64)
         cdef long long[::1] sv = sizes
@@ -431,7 +448,7 @@ cdef class LineWriter:
         b.n = b.cap = 0
         try:
             for i in range(i0, i1):
-                r = self.reqs[i]
+                r = reqs[i]
                 line0 = b.n
                 put(&b, "{\"rid\":", 7)
                 put_str(&b, r.rid)
@@ -442,7 +459,7 @@ cdef class LineWriter:
                 put(&b, ",\"cached_tokens\":", 17)
                 put_int(&b, r.cached_tokens)
                 put(&b, ",\"output_tokens\":", 17)
-                put_ll(&b, self.n_out[i])
+                put_ll(&b, n_out[i])
                 put(&b, ",\"priority\":", 12)
                 put_int(&b, r.priority)
                 put(&b, ",\"ttft_s\":", 10)
@@ -451,17 +468,17 @@ cdef class LineWriter:
                 put_num(&b, tpot_c[i])
                 put(&b, ",\"itl_s\":[", 10)
                 e = 0  # gaps written so far
-                for k in range(self.first[i], self.first[i + 1]):
-                    s = self.start[k]
+                for k in range(first[i], first[i + 1]):
+                    s = start[k]
                     if e:
                         put(&b, ",", 1)
                     e += 1
                     if s >= 0:  # step gaps s .. s + length - 1, without the last comma
-                        g = s + self.length[k]
-                        put(&b, text + self.text_at[s], self.text_at[g] - self.text_at[s] - 1)
+                        g = s + length[k]
+                        put(&b, text + text_at[s], text_at[g] - text_at[s] - 1)
                     else:
                         g = -1 - s
-                        put_repr(&b, self.own[g])
+                        put_repr(&b, own[g])
                 put(&b, "],\"e2e_s\":", 10)
                 put_num(&b, e2e_c[i])
                 put(&b, ",\"queue_s\":", 11)
@@ -485,7 +502,8 @@ cdef class LineWriter:
                 if not r.ignore_eos:
                     put(&b, _NO_IGNORE_EOS, len(_NO_IGNORE_EOS))
                 if tails is not None:
-                    tail = <bytes?>tails[i - i0]
+                    tl = tails
+                    tail = <bytes?>tl[i - i0]
                     put(&b, tail, len(tail))
                 put(&b, "}\n", 2)
                 sv[i - i0] = b.n - line0
