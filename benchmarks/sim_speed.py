@@ -92,14 +92,21 @@ def base_tree(commit: str, name: str = "servetwin-base") -> Path:
     path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "tree"  # its own: runs may overlap
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path),
                     commit], check=True, capture_output=True)
-    if (path / "setup.py").exists():  # its compiled records writer, as pip install builds it
-        done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"],
-                              cwd=path, capture_output=True, text=True)
-        if done.returncode or not list((path / "twin").glob("_recordsc.*.so")):
-            print(f"# {commit}: its compiled records writer was not built (is Cython "
-                  f"installed? pip install -e '.[test]'): {done.stderr.strip()[-300:]}",
-                  file=sys.stderr)
+    build_extension(path, commit)
     return path
+
+
+def build_extension(path: Path, commit: str) -> None:
+    """A worktree's compiled records writer, as pip install builds it (a tree from before
+    it has no setup.py: nothing to build)."""
+    if not (path / "setup.py").exists():
+        return
+    done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"],
+                          cwd=path, capture_output=True, text=True)
+    if done.returncode or not list((path / "twin").glob("_recordsc.*.so")):
+        print(f"# {commit}: its compiled records writer was not built (is Cython "
+              f"installed? pip install -e '.[test]'): {done.stderr.strip()[-300:]}",
+              file=sys.stderr)
 
 
 def records_core(tree: Path) -> str:

@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from calibration.profiles import machine  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from sim_speed import build_extension  # noqa: E402
+
 ONE_REQUEST = ["simulate", "--workload", "arrival=poisson,rate=1.5,n=1,"
                "prompt=uniform:1000:4000,output=uniform:100:500",
                "--model-path", "meta-llama/Llama-3.1-8B", "--gpu", "a100-sxm-80gb",
@@ -139,6 +142,7 @@ def worktree(rev: str, scratch: Path, name: str) -> Path:
     path = scratch / name
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path),
                     rev], check=True, capture_output=True)
+    build_extension(path, rev)
     return path
 
 
