@@ -138,10 +138,13 @@ def test_both_cores_agree_on_drawn_requests(drawn) -> None:
     assert repr(py) == repr(c)  # NaN times: equal text, not equal floats
 
 
-def test_a_token_event_outside_the_window_is_refused_not_read() -> None:
-    r = Req(tok_events=[(3, 9)])
-    with pytest.raises(IndexError, match="outside the steps 2..6"):
-        COMPILED.plan_gaps([r], np.arange(5, dtype=float), 2)
+@pytest.mark.parametrize("events", [[(3, 9)], [(0, 3)], [1.0, (1, 4)]])
+def test_a_token_event_outside_the_window_is_refused_not_read(events) -> None:
+    """By both cores: the Python one would read a step before the window as the last
+    (numpy's negative index)."""
+    for plan in (COMPILED.plan_gaps, record_table._pieces):
+        with pytest.raises(IndexError, match="outside the steps 2..6"):
+            plan([Req(tok_events=events)], np.arange(5, dtype=float), 2)
 
 
 TIES = [k / 128 for k in range(-300, 300)] + [k / 2**20 for k in range(0, 4000, 7)]

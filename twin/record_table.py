@@ -117,6 +117,9 @@ def _pieces(reqs: list, ends: np.ndarray, off: int) -> tuple:
     columns and the boundary gaps unrounded (twin/_recordsc.pyx `plan_gaps`, compiled)."""
     item = ends.item  # a request's own boundaries only: no list of every step end
     at = item if not off else lambda j: item(j - off)
+    if off < 0:
+        raise ValueError(f"negative step offset {off}")
+    m = len(ends)
     braw: list[float] = []
     first = [0]
     start: list[int] = []
@@ -130,6 +133,9 @@ def _pieces(reqs: list, ends: np.ndarray, off: int) -> tuple:
                 a, b = ev
                 if b <= a:
                     continue
+                if a < off or b - off > m:  # numpy would wrap a negative index round
+                    raise IndexError(f"token event {ev} outside the steps "
+                                     f"{off}..{off + m - 1}")
                 if prev is not None:
                     start.append(-1 - len(braw))
                     length.append(1)
