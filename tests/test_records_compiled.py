@@ -19,6 +19,7 @@ import pytest
 from helpers import GPU, MODEL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_record_table import CASES
 
 from twin import record_sink, record_table
 from twin.config import ServerArgs
@@ -57,18 +58,7 @@ def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-RUNS = {
-    "plain": ({}, {}, "arrival=poisson,rate=4,n=150,prompt=uniform:100:3000,output=uniform:1:200"),
-    "retractions": ({"max_total_tokens": 12000}, {"ignore_eos": False},
-                    "arrival=poisson,rate=10,n=120,prompt=uniform:500:3000,output=uniform:50:400"),
-    "swap+slices": ({"max_total_tokens": 30000},
-                    {"preemption_mode": "aggressive", "swap_min_tokens": 100},
-                    "arrival=poisson,rate=8,n=100,prompt=uniform:500:3000,output=uniform:50:300,"
-                    "tiers=0:0.8/20:0.2"),
-    "mixed+horizon": ({"enable_mixed_chunk": True}, {"horizon_s": 10.0},
-                      "arrival=poisson,rate=12,n=200,prompt=uniform:100:9000,"
-                      "output=uniform:1:300"),
-}
+RUNS = CASES  # tests/test_record_table.py: plain, retractions, swap and slices, mixed
 
 
 @pytest.mark.parametrize("name", list(RUNS))
