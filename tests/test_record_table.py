@@ -43,3 +43,22 @@ def test_table_matches_the_dict_path(name: str) -> None:
     for slo in (None, SLO(ttft_s=0.5, tpot_s=0.05)):
         assert summarize(table, slo) == summarize(records, slo)
     assert summarize(table, None, 100.0) == summarize(records, None, 100.0)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VALUE = st.one_of(st.none(), st.floats(allow_nan=True), st.integers(0, 10**6),
+                   st.sampled_from([0.5, 0.05, 1.5, 0.4999999999999999, 0.5000000000000001]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["ok", "ok", "aborted", "rejected"]), _VALUE,
+                          _VALUE, _VALUE), max_size=30),
+       st.sampled_from([SLO(ttft_s=0.5), SLO(tpot_s=0.05, e2e_s=1.5),
+                        SLO(ttft_s=0.5, tpot_s=0.05, e2e_s=1.5)]))
+def test_slo_attainment_from_columns_counts_what_met_counts(rows, slo) -> None:
+    keys = ("status", "ttft_s", "tpot_s", "e2e_s")
+    cols = {k: [r[i] for r in rows] for i, k in enumerate(keys)}
+    want = sum(slo.met(dict(zip(keys, r, strict=True))) for r in rows)
+    assert slo.count_met(cols["status"], cols) == want

@@ -241,3 +241,45 @@ def test_a_list_emptied_while_it_is_read_is_read_from_a_copy() -> None:
                for _ in range(50)]
     first, *_ = COMPILED.plan_gaps(reqs, np.arange(5.0), 0)
     assert len(first) == 51
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda m: st.tuples(
+    st.just(m), st.lists(st.tuples(st.integers(0, m - 1), st.integers(0, 40)), max_size=30),
+    st.lists(st.integers(0, 50), max_size=10))))
+def test_the_summarys_gather_reads_the_pieces_as_python_does(drawn) -> None:
+    m, pieces, takes = drawn
+    values = np.random.default_rng(m).random(m)
+    starts = [s for s, _ in pieces]
+    lens = [min(n, m - s) for s, n in pieces]
+    total = sum(lens)
+    py, c = record_table._Pieces(values, starts, lens), COMPILED.Gather(values, starts, lens)
+    for k in takes:
+        if k > total:
+            with pytest.raises(ValueError, match="elements asked"):
+                c.take(k)
+            break
+        assert c.take(k).tobytes() == py.take(k).tobytes()
+        total -= k
+    with pytest.raises(ValueError, match="outside the 3 values"):
+        COMPILED.Gather(np.zeros(3), [2], [2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0125, 0.013, 1 / 3, 0.02, 1e-6]), min_size=1, max_size=400),
+       st.lists(st.tuples(st.integers(0, 399), st.integers(1, 200)), min_size=1, max_size=40))
+def test_itl_statistics_are_the_same_from_both_cores(values, pieces) -> None:
+    values = np.array(values)
+    m = len(values)
+    starts = [s % m for s, _ in pieces]
+    lens = [min(n, m - s) for s, (_, n) in zip(starts, pieces, strict=True)]
+    out = []
+    for core in (None, COMPILED):
+        for leaf in (1 << 16, 128):  # numpy's whole sum; and many leaves, many takes
+            saved = record_table._C, record_table._PW_LEAF
+            record_table._C, record_table._PW_LEAF = core, leaf
+            try:
+                out.append(record_table.itl_stats(values, starts, lens))
+            finally:
+                record_table._C, record_table._PW_LEAF = saved
+    assert out[0] == out[2] and out[1] == out[3]

@@ -510,3 +510,51 @@ cdef class LineWriter:
             return (b.data[:b.n] if b.n else b""), sizes
         finally:
             free(b.data)
+
+
+# ---- the summary's token gaps ----------------------------------------------------------------
+cdef class Gather:
+    """twin/record_table.py `_Pieces`: values[s:s + n] for each (s, n) of `starts`, `lens`,
+    read in order, `take(k)` elements at a time, each a new array (copied piece by piece:
+    no index arrays)."""
+
+    cdef const double[::1] values
+    cdef const long long[::1] starts
+    cdef const long long[::1] lens
+    cdef Py_ssize_t piece, pos  # the next element: offset `pos` in piece `piece`
+
+    def __init__(self, values, starts, lens):
+        cdef const double[::1] v = np.ascontiguousarray(values, dtype=float)
+        s = np.ascontiguousarray(starts, dtype=np.int64)
+        n = np.ascontiguousarray(lens, dtype=np.int64)
+        if len(s) != len(n):
+            raise ValueError(f"{len(s)} starts for {len(n)} lengths")
+        if len(s) and ((s < 0).any() or (n < 0).any() or (n > v.shape[0] - s).any()):
+            raise ValueError(f"a piece outside the {v.shape[0]} values")
+        self.values, self.starts, self.lens = v, s, n
+        self.piece = self.pos = 0
+
+    def take(self, Py_ssize_t k):
+        """The next k elements."""
+        cdef const double[::1] v = self.values
+        cdef const long long[::1] s = self.starts
+        cdef const long long[::1] n = self.lens
+        cdef Py_ssize_t done = 0, c, m = s.shape[0]
+        if k < 0:
+            raise ValueError(f"take {k}")
+        out = np.empty(k, dtype=float)
+        cdef double[::1] o = out
+        while done < k:
+            if self.piece >= m:
+                raise ValueError(f"{k} elements asked, {done} left")
+            c = n[self.piece] - self.pos
+            if c > k - done:
+                c = k - done
+            if c > 0:
+                memcpy(&o[done], &v[s[self.piece] + self.pos], c * sizeof(double))
+            done += c
+            self.pos += c
+            if self.pos == n[self.piece]:
+                self.piece += 1
+                self.pos = 0
+        return out

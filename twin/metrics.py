@@ -128,6 +128,16 @@ class SLO:
                 return False
         return True
 
+    def count_met(self, status: list, cols: dict[str, list]) -> int:
+        """How many records meet every target: `met` of each, from columns (a null meets
+        a target, as in `met`; numpy reads None as NaN, which exceeds nothing)."""
+        met = np.array([s == "ok" for s in status], dtype=bool)
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            target = getattr(self, key)
+            if target is not None:
+                met &= ~(np.array(cols[key], dtype=float) > target)
+        return int(met.sum())
+
     def any(self) -> bool:
         return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
 
@@ -195,9 +205,7 @@ def summary_from_columns(cols: dict[str, list], itl: np.ndarray | dict, slo: SLO
         "kv_moved_bytes": sum(x or 0 for x in cols["kv_moved_bytes"]),
     }
     if slo is not None and slo.any():
-        keys = ("status", "ttft_s", "tpot_s", "e2e_s")
-        met = sum(slo.met(dict(zip(keys, row, strict=True)))
-                  for row in zip(*(cols[k] for k in keys), strict=True))
+        met = slo.count_met(status_col, cols)
         summary["slo"] = {
             "targets": {k: v for k, v in slo.__dict__.items() if v is not None},
             "attainment": round(met / n, 6) if n else None,

@@ -402,7 +402,8 @@ _PW_LEAF = 1 << 16  # elements summed by one np.add.reduce (a node of numpy's re
 
 
 class _Pieces:
-    """values[s:s + n] for each (s, n), read in order, `take(n)` elements at a time."""
+    """values[s:s + n] for each (s, n), read in order, `take(n)` elements at a time
+    (twin/_recordsc.pyx `Gather`, compiled)."""
 
     def __init__(self, values: np.ndarray, starts: list[int], lens: list[int],
                  chunk: int = 1 << 12) -> None:
@@ -485,7 +486,8 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
     n = int(sum(lens))
     if n == 0:
         return {**{f"p{p}": None for p in PERCENTILES}, "mean": None}
-    mean = round(float(_pairwise_sum(_Pieces(values, starts, lens), n) / n), 6)
+    src = _C.Gather(values, starts, lens) if _C is not None else _Pieces(values, starts, lens)
+    mean = round(float(_pairwise_sum(src, n) / n), 6)
     # how many gaps take each element of `values`: pieces cover ranges of it
     cover = _Cover(starts, lens)
     if head_unique is not None:  # the first m values' distinct ones are known: weigh those
