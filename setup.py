@@ -21,13 +21,6 @@ class OptionalBuildExt(build_ext):
             self.warn(f"servetwin: the compiled records writer was not built ({exc}); "
                       "the Python code writes the same records, more slowly")
 
-    def build_extension(self, ext) -> None:
-        try:
-            super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
-            self.warn(f"servetwin: {ext.name} was not built ({exc}); "
-                      "the Python code writes the same records, more slowly")
-
 
 try:
     from Cython.Build import cythonize

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_record_table import CASES
 
-from twin import record_sink, record_table
+from twin import record_table
 from twin.config import ServerArgs
 from twin.record_table import RecordTable
 from twin.sim import SimConfig, simulate
@@ -52,7 +52,7 @@ def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
                             f',"replica":"r{i}","attempts":{i}'.encode()
                             for i in range(len(reqs))])],
                         "lines": list(t.lines()),
-                        "window": record_sink._window(reqs)})
+                        "window": record_table.step_range(reqs)})
         finally:
             record_table._C = saved
     return out[0], out[1]

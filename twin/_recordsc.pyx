@@ -15,7 +15,7 @@ Built from Cython's PyPI wheel as an optional extension (setup.py): without a C
 compiler the install succeeds and the Python code runs (twin/record_table.py says why).
 """
 
-from libc.math cimport copysign, fabs, floor, fma, fmod
+from libc.math cimport copysign, fabs, floor, fma, fmod, isinf, isnan
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, strlen
 
@@ -80,22 +80,15 @@ cdef int put_repr(Buf* b, double x) except -1:
 
 cdef int put_num(Buf* b, object x) except -1:
     """A JSON number as `json.dumps` writes a float (twin/record_table.py `_num`)."""
-    cdef char* s
+    cdef double d
     if x is None:
         return put(b, "null", 4)
-    s = PyOS_double_to_string(<double>x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-    try:
-        if s[0] == b'n':
-            put(b, "NaN", 3)
-        elif s[0] == b'i':
-            put(b, "Infinity", 8)
-        elif s[0] == b'-' and s[1] == b'i':
-            put(b, "-Infinity", 9)
-        else:
-            put(b, s, strlen(s))
-    finally:
-        PyMem_Free(s)
-    return 0
+    d = x
+    if isnan(d):
+        return put(b, "NaN", 3)
+    if isinf(d):
+        return put(b, "Infinity", 8) if d > 0 else put(b, "-Infinity", 9)
+    return put_repr(b, d)
 
 
 cdef int put_int(Buf* b, object v) except -1:
@@ -262,7 +255,7 @@ def round_6(double x):
 
 
 def window(list reqs):
-    """twin/record_sink.py `_window`: the steps [lo, hi) that `reqs`' token events use."""
+    """twin/record_table.py `step_range`: the steps [lo, hi) that `reqs`' token events use."""
     cdef Py_ssize_t a, b, lo = 0, hi = 0
     cdef bint seen = False
     for r in reqs:

@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from twin import record_table
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
-from twin.record_table import RecordTable, itl_stats, ok_pieces, record_order
+from twin.record_table import RecordTable, itl_stats, record_order, row_pieces, step_range
 
 CHUNK = 32768  # finished requests held before a spill (~80 MB of SimRequests)
 _FLOATS = ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "lost_s")  # rounded; NaN: null
@@ -100,7 +99,7 @@ class RecordSink:
     def _table(self, reqs: list, worker: int) -> RecordTable:
         """The records of `reqs` (sorted) over the window of replica `worker`'s timeline
         they use (-1: none)."""
-        lo, hi = _window(reqs)
+        lo, hi = step_range(reqs)
         if hi <= lo or worker < 0:
             return RecordTable(reqs, np.empty(0), in_order=True)
         return RecordTable(reqs, step_window(self.timelines[worker], lo, hi), offset=lo,
@@ -135,7 +134,7 @@ class RecordSink:
         # the ITL pieces of `ok` records: a step range of the timeline (absolute step
         # index, count) or a boundary gap (-(1 + its index among all chunks' gaps), 1)
         ok = status == code["ok"]
-        at = ok_pieces(plan.first, ok)
+        at = row_pieces(plan.first, np.flatnonzero(ok))
         start = plan.start[at]
         own = start < 0
         col("n_pieces", []).append(np.where(ok, np.diff(plan.first), 0))
@@ -255,11 +254,7 @@ class RecordSink:
     def _itl(self, perm: np.ndarray, c: dict) -> dict:
         """`itl_stats` of the `ok` rows' token gaps, rows in the order `perm`: the step
         gaps of the replicas they ran on, then every boundary gap, as one array."""
-        counts = c["n_pieces"]
-        first = np.concatenate(([0], np.cumsum(counts)))
-        take = counts[perm]
-        at = np.repeat(first[perm] - (np.cumsum(take) - take), take) + np.arange(
-            int(take.sum()), dtype=np.int64)
+        at = row_pieces(np.concatenate(([0], np.cumsum(c["n_pieces"]))), perm)
         starts, lens, owner = c["piece_start"][at], c["piece_len"][at], c["piece_worker"][at]
         del at
         workers = np.unique(owner[owner >= 0]).tolist()
@@ -343,19 +338,6 @@ def _gaps_into(timeline, out: np.ndarray) -> None:
         pos += len(a) - 1
         prev = a[-1]
     np.round(out, 6, out=out)
-
-
-def _window(reqs: list) -> tuple[int, int]:
-    """The step indices [lo, hi) of the timeline that `reqs`' token events use."""
-    if record_table._C is not None:
-        return record_table._C.window(reqs)
-    lo, hi = None, 0
-    for r in reqs:
-        for ev in r.tok_events:
-            if isinstance(ev, tuple) and ev[1] > ev[0]:
-                lo = ev[0] if lo is None or ev[0] < lo else lo
-                hi = max(hi, ev[1])
-    return (0, 0) if lo is None else (lo, hi)
 
 
 class Count:

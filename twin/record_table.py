@@ -347,7 +347,7 @@ class RecordTable(Sequence):
             "retractions": [r.retractions for r in reqs],
             "preemptions": [r.preemptions for r in reqs], "lost_s": lost,
             "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
-        at = ok_pieces(plan.first, np.array([s == "ok" for s in status], dtype=bool))
+        at = row_pieces(plan.first, np.flatnonzero([s == "ok" for s in status]))
         start = plan.start[at]
         starts = np.where(start >= 0, start, n_step - 1 - start).tolist()
         lens = plan.length[at].tolist()
@@ -367,11 +367,25 @@ def line_blocks(lines: Iterator[str], size: int = BLOCK) -> Iterator[tuple[bytes
         yield b"".join(batch), np.array([len(b) for b in batch], dtype=np.int64)
 
 
-def ok_pieces(first: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """The indices of the pieces (`Plan`) of the requests where `ok` holds, in order."""
-    take = np.diff(first)[ok]
-    return np.repeat(first[:-1][ok] - (np.cumsum(take) - take), take) + np.arange(
+def row_pieces(first: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The indices of the pieces of requests `rows`, in that order; request i's pieces are
+    `first[i]` .. `first[i + 1] - 1` (a `Plan`'s, or a sink's columns)."""
+    take = first[rows + 1] - first[rows]
+    return np.repeat(first[rows] - (np.cumsum(take) - take), take) + np.arange(
         int(take.sum()), dtype=np.int64)
+
+
+def step_range(reqs: list) -> tuple[int, int]:
+    """The step indices [lo, hi) of the timeline that `reqs`' token events use."""
+    if _C is not None:
+        return _C.window(reqs)
+    lo, hi = None, 0
+    for r in reqs:
+        for ev in r.tok_events:
+            if isinstance(ev, tuple) and ev[1] > ev[0]:
+                lo = ev[0] if lo is None or ev[0] < lo else lo
+                hi = max(hi, ev[1])
+    return (0, 0) if lo is None else (lo, hi)
 
 
 def _gather(values: np.ndarray, starts: list[int], lens: list[int],
