@@ -1,5 +1,6 @@
-"""The optional compiled part of servetwin (issue 14): twin/_recordsc.pyx, the records'
-per-request work. Everything else is in pyproject.toml.
+"""The optional compiled parts of servetwin (issue 14): twin/_recordsc.pyx, the records'
+per-request work, and twin/_loopc.pyx, the scheduler loop's decode pass (twin/compiled.py
+loads them). Everything else is in pyproject.toml.
 
 Cython comes from PyPI as a build requirement (pyproject.toml). The extension is optional:
 where it cannot be built (no C compiler, a failed compile), the install still succeeds,
@@ -18,8 +19,8 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - any failure leaves the Python code
-            self.warn(f"servetwin: the compiled records writer was not built ({exc}); "
-                      "the Python code writes the same records, more slowly")
+            self.warn(f"servetwin: the compiled modules were not built ({exc}); "
+                      "the Python code gives the same results, more slowly")
 
 
 try:
@@ -28,7 +29,9 @@ except ImportError:  # a build without the PEP 517 requirements: the Python code
     ext_modules = []
 else:
     ext_modules = cythonize(
-        [Extension("twin._recordsc", ["twin/_recordsc.pyx"])],
+        [Extension("twin._recordsc", ["twin/_recordsc.pyx"]),
+         # the loop's floats in the source's order: no fused multiply-adds
+         Extension("twin._loopc", ["twin/_loopc.pyx"], extra_compile_args=["-ffp-contract=off"])],
         compiler_directives={"language_level": 3}, quiet=True)
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

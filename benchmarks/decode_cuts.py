@@ -48,10 +48,14 @@ def boundary_label(rep, t: float, arrivals: bool) -> str:
 
 def instrument(counts: collections.Counter):
     """Count each decode run's cause in `counts`; returns the function that takes the
-    wrappers off again."""
+    wrappers off again. The Python decode pass runs meanwhile (the compiled one,
+    twin/_loopc.pyx, computes the boundary inline: the same runs, nothing to observe)."""
+    from twin import replica
     from twin.replica import Replica
 
     next_boundary, run_decode = Replica._next_boundary, Replica._run_decode
+    loop_c = replica._LOOP_C
+    replica._LOOP_C = None
 
     def observed_boundary(self, arrivals: bool = True):
         t = next_boundary(self, arrivals)
@@ -90,6 +94,7 @@ def instrument(counts: collections.Counter):
 
     def restore() -> None:
         Replica._next_boundary, Replica._run_decode = next_boundary, run_decode
+        replica._LOOP_C = loop_c
 
     return restore
 

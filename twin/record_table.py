@@ -15,30 +15,16 @@ prefill token, a return after a retraction) are computed per request.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import NamedTuple
 
 import numpy as np
 
+from twin.compiled import load
 from twin.metrics import SLO, summary_from_columns
 
-
-def _compiled():
-    """twin._recordsc (the compiled writer, twin/_recordsc.pyx) and None, or None and why
-    the Python code writes the records instead (the same bytes, slower)."""
-    if os.environ.get("SERVETWIN_PURE_PYTHON"):
-        return None, "SERVETWIN_PURE_PYTHON is set"
-    try:
-        from twin import _recordsc
-    except ImportError as exc:
-        return None, (f"the compiled records writer is not built ({exc}); "
-                      "reinstall with a C compiler (pip install -e .) for speed")
-    return _recordsc, None
-
-
-_C, WHY_PYTHON = _compiled()  # tests set `_C` to None to run the Python code
+_C, WHY_PYTHON = load("_recordsc", "records writer")  # tests set `_C` to None to run the Python code
 BLOCK = 1024  # lines formatted into one bytes at a time (~3 MB of Vidur's)
 
 

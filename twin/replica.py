@@ -24,6 +24,7 @@ import simpy
 from twin import config as C
 from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.chunk_cache import cache_chunk
+from twin.compiled import load
 from twin.config import Capacity, ServerArgs
 from twin.decider import Decider, PolicyDecider
 from twin.decode_cut import CutRuns
@@ -42,6 +43,9 @@ from twin.replica_memory import Counters, DefragConfig, KVMemory, SwapConfig
 from twin.request_state import SimRequest
 from twin.views import RunningViews, view
 from twin.workload import Request
+
+# the decode pass compiled (twin/_loopc.pyx; `_run_decode` below is its specification)
+_LOOP_C, WHY_LOOP_PYTHON = load("_loopc", "scheduler loop")
 
 __all__ = ["Counters", "DefragConfig", "Feed", "Replica", "SwapConfig"]
 
@@ -591,6 +595,17 @@ class Replica(Inbox, KVMemory, CutRuns):
 
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
+        if _LOOP_C is not None:  # the same pass compiled, where it covers it
+            got = _LOOP_C.decode(self)
+            if got is not None:
+                if got is False:  # requests were retracted: the next pass, at once
+                    return
+                ev = self._sleep(got[0])
+                if ev is not None:
+                    yield ev
+                if got[1]:
+                    self._finish_done(self.env.now)
+                return
         running = self.running
         b = len(running)
         now = self.env.now

@@ -1,0 +1,126 @@
+"""The compiled decode pass (twin/_loopc.pyx) gives the Python pass's bytes.
+
+`Replica._run_decode` (twin/replica.py) is the specification. Each test runs the same
+`servetwin simulate` with `replica._LOOP_C` set and unset and compares every file it writes
+byte for byte, on runs drawn by hypothesis over what changes the pass: KV pools small
+enough to retract and to fail a step's growth, the radix cache on and off, the overlap
+loop on and off, chunk sizes, EOS-stopping clients, a horizon, both step-time backends.
+A counter checks that the compiled pass ran (a pass it declines changes nothing, so
+equal bytes alone would not show it). Without the extension built these skip, except
+under SERVETWIN_CI=1, where the install must have built it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servetwin.cli import main
+from twin import replica
+
+pytestmark = pytest.mark.offline
+
+COMPILED = replica._LOOP_C
+if COMPILED is None:
+    if os.environ.get("SERVETWIN_CI") == "1":
+        raise RuntimeError(f"CI must build the compiled loop: {replica.WHY_LOOP_PYTHON}")
+    pytest.skip(f"not built: {replica.WHY_LOOP_PYTHON}", allow_module_level=True)
+
+LLAMA = ["--model-path", "meta-llama/Llama-3.1-8B", "--gpu", "a100-sxm-80gb"]
+FILES = ("requests.jsonl", "summary.json", "timeseries.csv")
+
+
+class Counting:
+    """`_loopc` with a count of the passes it took (not None) and declined."""
+
+    def __init__(self) -> None:
+        self.took = self.declined = self.retracted = 0
+
+    def decode(self, rep):
+        got = COMPILED.decode(rep)
+        if got is None:
+            self.declined += 1
+        elif got is False:
+            self.retracted += 1
+        else:
+            self.took += 1
+        return got
+
+
+def run(argv: list[str], core, monkeypatch) -> dict[str, bytes]:
+    monkeypatch.setattr(replica, "_LOOP_C", core)
+    with tempfile.TemporaryDirectory() as tmp:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            rc = main(["simulate", *argv, "--out", tmp])
+        assert rc == 0
+        return {f: (Path(tmp) / f).read_bytes() for f in FILES}
+
+
+def both(argv: list[str], monkeypatch) -> Counting:
+    counting = Counting()
+    compiled = run(argv, counting, monkeypatch)
+    python = run(argv, None, monkeypatch)
+    for f in FILES:
+        assert compiled[f] == python[f], f"{f} differs: {' '.join(argv)}"
+    return counting
+
+
+def test_default_run_takes_the_compiled_pass(monkeypatch) -> None:
+    """Vidur's shapes on the opdb backend (the speed benchmark's run): every decode pass
+    compiled, the same bytes."""
+    c = both([*LLAMA, "--step-time-backend", "opdb", "--workload",
+              "arrival=poisson,rate=1.5,n=200,prompt=uniform:1000:4000,output=uniform:100:500"],
+             monkeypatch)
+    assert c.took > 200 and c.declined == 0
+
+
+def test_retractions_and_failed_growth(monkeypatch) -> None:
+    """A pool so small that decode steps fail to grow and requests are retracted."""
+    c = both([*LLAMA, "--step-time-backend", "roofline", "--max-total-tokens", "9000",
+              "--no-ignore-eos", "--workload",
+              "arrival=poisson,rate=20,n=120,prompt=uniform:500:3000,output=uniform:50:600"],
+             monkeypatch)
+    assert c.took > 0 and c.retracted > 0
+
+
+def test_block_allocators_decline(monkeypatch) -> None:
+    """Outside the coverage (a paged pool) the Python pass runs, with the same bytes."""
+    c = both([*LLAMA, "--step-time-backend", "roofline", "--page-size", "16",
+              "--max-total-tokens", "50000", "--workload",
+              "arrival=poisson,rate=5,n=100,prompt=uniform:1000:4000,output=uniform:100:500"],
+             monkeypatch)
+    assert c.took == 0 and c.declined > 0
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(backend=st.sampled_from(["roofline", "opdb"]),
+       pool=st.sampled_from([None, 6000, 12000, 40000]),
+       radix=st.booleans(), overlap=st.booleans(), eos=st.booleans(),
+       chunk=st.sampled_from([None, 512, 2048]),
+       horizon=st.sampled_from([None, 20.0]),
+       rate=st.sampled_from([2, 8, 30]), seed=st.integers(0, 5))
+def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, radix, overlap, eos, chunk,
+                                       horizon, rate, seed) -> None:
+    argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
+            f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"]
+    if pool is not None:
+        argv += ["--max-total-tokens", str(pool)]
+    if radix:
+        argv.append("--disable-radix-cache")
+    if overlap:
+        argv.append("--disable-overlap-schedule")
+    if eos:
+        argv.append("--no-ignore-eos")
+    if chunk is not None:
+        argv += ["--chunked-prefill-size", str(chunk)]
+    if horizon is not None:
+        argv += ["--horizon", str(horizon)]
+    assert both(argv, monkeypatch).took > 0

@@ -1,0 +1,254 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The scheduler loop's decode pass, compiled (issue 14): `Replica._run_decode`
+(twin/replica.py) for SGLang's token pool with the step-time memo, the case every default
+run takes. The Python method is the specification and runs wherever this module is not
+built, and for every pass `decode` declines (returns None, having changed nothing): a
+block allocator, a fleet's cut runs, a policy's park or time slice, a step log.
+
+The same floats in the same order: the run's ends are the sequential prefix sum of its
+step times plus `now` (numpy's `cumsum`, then `+=`), the first end at or after the limit
+found by numpy's binary search, the ratio decays by `k * decay`."""
+
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_GetBuffer)
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.string cimport memcpy
+
+import numpy as np
+
+from twin.perf.step_cache import BLOCK as _BLOCK
+
+cdef long long BLOCK = _BLOCK
+
+
+cdef bint as_doubles(object arr, Py_buffer* buf, int flags) except -1:
+    """A C view of `arr` when it holds contiguous float64 ("d"); False otherwise (a
+    backend that answers in another dtype goes to the Python code)."""
+    try:
+        PyObject_GetBuffer(arr, buf, flags | PyBUF_ANY_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, TypeError, ValueError):
+        return False
+    if buf.itemsize != 8 or buf.format == NULL or not (
+            buf.format[0] == b'd' and buf.format[1] == 0
+            or buf.format[0] in b'<=@' and buf.format[1] == b'd' and buf.format[2] == 0):
+        PyBuffer_Release(buf)
+        return False
+    return True
+
+
+cdef inline Py_ssize_t search_left(const double* a, Py_ssize_t n, double key):
+    """numpy's `searchsorted(key, side="left")` on a[:n]: the first i with not a[i] < key."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if a[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef bint grow(object alloc, list owners, long long b, long long k) except -1:
+    """`TokenPool.grow_all(owners, k) is not None`, inline."""
+    cdef dict held
+    if b * k > <long long>alloc.capacity - <long long>alloc.used:
+        alloc._oom += 1
+        return False
+    held = alloc.held
+    for o in owners:
+        held[o] = held.get(o, 0) + k
+    alloc.used += b * k
+    return True
+
+
+cdef object bounded(object span, double first, long long k):
+    """`int(span / first) + 1` as Python computes it (None when it would raise)."""
+    cdef double x = <double>span / first
+    if -4.0e18 < x < 4.0e18:
+        return <long long>x + 1
+    try:
+        return int(span / first) + 1
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return None
+
+
+def decode(rep):
+    """One decode pass of `rep` (`Replica._run_decode` up to its sleep): None when the pass
+    is outside this code's coverage (nothing changed), False when the step could not be
+    charged (requests were retracted; no time passes), else (duration, done)."""
+    cdef list running = rep.running
+    cdef Py_ssize_t b = len(running), n, j, kk, i
+    cdef long long fewest, kv0, left, k, k_mem, room, bb, q, r_, off
+    cdef double now, limit, t, dur, dur_copy, ratio
+    cdef Py_buffer tb, eb
+    cdef const double* tp
+    cdef double* ep = NULL
+    cdef double stack[256]
+    cdef double end_k
+    cdef bint in_block, has_tb
+    if b == 0 or not rep._counts_only or rep._park_until or rep.step_log is not None:
+        return None
+    if rep.slice_s or rep.feed.cuts_runs:
+        return None
+    cache = rep._cache
+    st = rep.st
+    if cache is None or rep._cache_st is not st:
+        return None
+    env = rep.env
+    now = env._now
+    fl = rep.freed_later
+    tree = rep.tree
+    alloc = rep.alloc
+    # room(): free tokens, evictable cached tokens, minus what the overlap loop holds
+    room = <long long>alloc.capacity - <long long>alloc.used
+    if tree is not None:
+        room += <long long>tree.evictable_tokens + <long long>alloc.cache_slack()
+    if fl is not None:
+        room -= <long long>fl.tokens
+    fewest = 0
+    kv0 = 0
+    for i in range(b):
+        req = running[i]
+        g = req.generated_tokens
+        left = <long long>(req.max_new_tokens - g)
+        if i == 0 or left < fewest:
+            fewest = left
+        kv0 += <long long>(req.prompt_tokens + g)
+    k_mem = room // b if room >= 0 else -((-room + b - 1) // b)  # Python's floor division
+    k = k_mem if k_mem > 1 else 1
+    if fewest < k:
+        k = fewest
+    if k < 1:
+        return None
+    # `_next_boundary(arrivals=True)`
+    limit_o = rep._next_sample
+    horizon = rep.horizon
+    if horizon is not None and horizon < limit_o:
+        limit_o = horizon
+    if fl is not None and (fl.slots or fl.tokens) and (rep.waiting or rep.chunked is not None):
+        if now < limit_o:
+            limit_o = now
+    if fl is not None and rep._inbox and now < limit_o:
+        limit_o = now
+    if not rep.batch_full or rep.preempt:
+        nxt = rep.feed.next_arrival()
+        if nxt is not None and nxt < limit_o:
+            limit_o = nxt
+    limit = limit_o
+    span = limit_o - now
+    rep._scheduled_at = rep._pass_at if fl is not None else None
+    # the run's step times (StepTimeCache.run, or `_decode_times` beyond the memo), then
+    # k bounded by the first step (steps only lengthen as KV grows)
+    off = 0
+    in_block = False
+    if <double>(kv0 + b * (k - 1)) / <double>b <= <double>cache.quiet:
+        q = (kv0 // b) // BLOCK
+        r_ = kv0 % b
+        blk = cache._blocks.get((b, r_, q))
+        if blk is None:
+            blk = cache._block(b, r_, q)
+        if blk is not None:
+            off = (kv0 // b) % BLOCK
+            times = blk
+            in_block = True
+        else:
+            times = st.decode_times(b, np.arange(kv0, kv0 + b * k, b))
+    else:
+        times = rep._decode_times(b, kv0, k)
+    if not as_doubles(times, &tb, 0):
+        return None
+    has_tb = True
+    try:
+        tp = <const double*>tb.buf
+        n = tb.len // 8 - off
+        if n < 1:
+            return None
+        if k > 1:
+            bound = bounded(span, tp[off], k)
+            if bound is None:
+                return None
+            if bound < k:
+                k = bound
+        if in_block and off + k > BLOCK:  # the run goes past its memo block
+            PyBuffer_Release(&tb)
+            has_tb = False
+            times = cache.decode(b, kv0, k)
+            off = 0
+            if not as_doubles(times, &tb, 0):
+                return None
+            has_tb = True
+            tp = <const double*>tb.buf
+            n = tb.len // 8
+        if k < n:
+            n = k
+        if n < 1:
+            return None
+        # ends = times.cumsum(); ends += now: the sequential prefix sum, then + now
+        if n <= 256:
+            ep = &stack[0]
+        else:
+            ep = <double*>PyMem_Malloc(n * sizeof(double))
+        if ep == NULL:
+            raise MemoryError()
+        t = tp[off]
+        ep[0] = t
+        for j in range(1, n):
+            t = t + tp[off + j]
+            ep[j] = t
+    finally:
+        if has_tb:
+            PyBuffer_Release(&tb)
+    try:
+        for j in range(n):
+            ep[j] = ep[j] + now
+        kk = n
+        if ep[n - 1] > limit:
+            kk = search_left(ep, n, limit) + 1
+            if kk > n:
+                kk = n
+        k = kk
+        ends = np.empty(k)
+        as_doubles(ends, &eb, PyBUF_WRITABLE)
+        memcpy(eb.buf, ep, k * sizeof(double))
+        PyBuffer_Release(&eb)
+        end_k = ep[k - 1]
+    finally:
+        if ep != &stack[0]:
+            PyMem_Free(ep)
+    # `_grow_decoders(running, k)` on a token pool
+    owners = [req.index for req in running]
+    bb = b
+    need = bb * k - (<long long>alloc.capacity - <long long>alloc.used)
+    if need > 0 and tree is not None:
+        tree.evict(need)
+    ok = grow(alloc, owners, bb, k)
+    if not ok and tree is not None and tree.evictable_tokens:
+        tree.evict(tree.evictable_tokens)
+        ok = grow(alloc, owners, bb, k)
+    if not ok and rep.defrag.enabled:
+        rep._compact()
+        ok = grow(alloc, owners, bb, k)
+    if not ok:
+        rep._retract()
+        return False
+    dur_copy = rep._stall
+    rep._stall = 0.0
+    chunks = rep._end_chunks
+    chunks.append(ends)
+    if len(chunks) > 4096:
+        last = len(chunks) - 1
+        rep._end_blocks.append(np.concatenate(chunks[:last]))
+        del chunks[:last]
+    rep.n_dec_steps += k
+    dur = end_k - now + dur_copy
+    c = rep.counters
+    c.stall_s += dur_copy
+    c.decode_steps += k
+    c.busy_s += dur
+    ratio = <double>rep.new_token_ratio - <double>k * <double>rep.ratio_decay
+    min_ratio = rep.min_ratio
+    rep.new_token_ratio = min_ratio if min_ratio > ratio else ratio
+    for req in running:
+        req.generated_tokens += k
+        req.private += k
+    return dur, k >= fewest
