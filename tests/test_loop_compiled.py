@@ -137,3 +137,12 @@ def test_overlap_holds_what_finished_one_pass(monkeypatch) -> None:
               "arrival=poisson,rate=1,n=100,prompt=uniform:100:900,output=uniform:300:900"],
              monkeypatch)
     assert c.took > 0
+
+
+def test_fleet_runs_that_a_submit_cuts(monkeypatch) -> None:
+    """A fleet's replicas plan runs that ignore arrivals and are cut by their own submits
+    (twin/decode_cut.py): the compiled pass plans them, `_wait_or_cut` waits."""
+    c = both(["--deployment", "finance-sglang-pool", "--workload",
+              "arrival=poisson,rate=6,n=200,prompt=uniform:200:6000,output=uniform:20:300"],
+             monkeypatch)
+    assert c.took > 100 and c.declined == 0

@@ -3,7 +3,7 @@
 (twin/replica.py) for SGLang's token pool with the step-time memo, the case every default
 run takes. The Python method is the specification and runs wherever this module is not
 built, and for every pass `decode` declines (returns None, having changed nothing): a
-block allocator, a fleet's cut runs, a policy's park or time slice, a step log.
+block allocator, a policy's park or time slice, a step log.
 
 The same floats in the same order: the run's ends are the sequential prefix sum of its
 step times plus `now` (numpy's `cumsum`, then `+=`), the first end at or after the limit
@@ -75,7 +75,9 @@ cdef object bounded(object span, double first, long long k):
 def decode(rep):
     """One decode pass of `rep` (`Replica._run_decode` up to its sleep): None when the pass
     is outside this code's coverage (nothing changed), False when the step could not be
-    charged (requests were retracted; no time passes), else (duration, done)."""
+    charged (requests were retracted; no time passes), else (duration, done), or, for a
+    run a submit may cut (a fleet's, twin/decode_cut.py), (duration, done, the steps'
+    ends, the busy time and new_token_ratio before the run) for `_wait_or_cut`."""
     cdef list running = rep.running
     cdef Py_ssize_t b = len(running), n, j, kk, i
     cdef long long fewest, kv0, left, k, k_mem, room, bb, q, r_, off
@@ -88,7 +90,7 @@ def decode(rep):
     cdef bint in_block, has_tb
     if b == 0 or not rep._counts_only or rep._park_until or rep.step_log is not None:
         return None
-    if rep.slice_s or rep.feed.cuts_runs:
+    if rep.slice_s:
         return None
     cache = rep._cache
     st = rep.st
@@ -120,7 +122,10 @@ def decode(rep):
         k = fewest
     if k < 1:
         return None
-    # `_next_boundary(arrivals=True)`
+    # `_may_cut`: in a fleet a submit may cut the run, which then ignores arrivals
+    cut = (rep.feed.cuts_runs and (not rep.batch_full or rep.preempt) and rep._stall == 0
+           and b * k <= <long long>alloc.capacity - <long long>alloc.used)
+    # `_next_boundary(arrivals=not cut)`
     limit_o = rep._next_sample
     horizon = rep.horizon
     if horizon is not None and horizon < limit_o:
@@ -130,7 +135,7 @@ def decode(rep):
             limit_o = now
     if fl is not None and rep._inbox and now < limit_o:
         limit_o = now
-    if not rep.batch_full or rep.preempt:
+    if not cut and (not rep.batch_full or rep.preempt):
         nxt = rep.feed.next_arrival()
         if nxt is not None and nxt < limit_o:
             limit_o = nxt
@@ -232,6 +237,8 @@ def decode(rep):
         rep._retract()
         return False
     dur_copy = rep._stall
+    c = rep.counters
+    busy0, ratio0 = c.busy_s, rep.new_token_ratio
     rep._stall = 0.0
     chunks = rep._end_chunks
     chunks.append(ends)
@@ -241,7 +248,6 @@ def decode(rep):
         del chunks[:last]
     rep.n_dec_steps += k
     dur = end_k - now + dur_copy
-    c = rep.counters
     c.stall_s += dur_copy
     c.decode_steps += k
     c.busy_s += dur
@@ -251,4 +257,6 @@ def decode(rep):
     for req in running:
         req.generated_tokens += k
         req.private += k
+    if cut:
+        return dur, k >= fewest, ends, busy0, ratio0
     return dur, k >= fewest

@@ -596,13 +596,18 @@ class Replica(Inbox, KVMemory, CutRuns):
     # ---- decode -----------------------------------------------------------------------
     def _run_decode(self) -> Iterator[simpy.Event]:
         if _LOOP_C is not None:  # the same pass compiled, where it covers it
+            t0 = self.env.now
             got = _LOOP_C.decode(self)
             if got is not None:
                 if got is False:  # requests were retracted: the next pass, at once
                     return
-                ev = self._sleep(got[0])
-                if ev is not None:
-                    yield ev
+                if len(got) > 2:  # a fleet's run, which a submit may cut
+                    ends = got[2]
+                    yield from self._wait_or_cut(ends, len(ends), t0, got[3], got[4])
+                else:
+                    ev = self._sleep(got[0])
+                    if ev is not None:
+                        yield ev
                 if got[1]:
                     self._finish_done(self.env.now)
                 return
