@@ -7,6 +7,8 @@ where it cannot be built (no C compiler, a failed compile), the install still su
 and the Python code writes the same records, more slowly (`servetwin simulate` says so).
 """
 
+import sys
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -28,10 +30,16 @@ try:
 except ImportError:  # a build without the PEP 517 requirements: the Python code only
     ext_modules = []
 else:
-    ext_modules = cythonize(
-        [Extension("twin._recordsc", ["twin/_recordsc.pyx"]),
-         # the loop's floats in the source's order: no fused multiply-adds
-         Extension("twin._loopc", ["twin/_loopc.pyx"], extra_compile_args=["-ffp-contract=off"])],
-        compiler_directives={"language_level": 3}, quiet=True)
+    try:
+        ext_modules = cythonize(
+            [Extension("twin._recordsc", ["twin/_recordsc.pyx"]),
+             # the loop's floats in the source's order: no fused multiply-adds
+             Extension("twin._loopc", ["twin/_loopc.pyx"],
+                       extra_compile_args=["-ffp-contract=off"])],
+            compiler_directives={"language_level": 3}, quiet=True)
+    except Exception as exc:  # noqa: BLE001 - a Cython that rejects the source: Python only
+        print(f"servetwin: the compiled modules were not translated ({exc}); the Python "
+              "code gives the same results, more slowly", file=sys.stderr)
+        ext_modules = []
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
