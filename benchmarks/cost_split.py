@@ -38,7 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--tree" not in sys.argv:  # a child measuring another tree puts that one first instead
     sys.path.insert(0, str(ROOT))
-from sim_speed import WORKLOADS, base_tree, drop_tree, header, records_core  # noqa: E402
+from sim_speed import (  # noqa: E402
+    WORKLOADS,
+    base_tree,
+    drop_tree,
+    header,
+    loop_core,
+    records_core,
+)
 
 TARGET = 47_000  # simulated requests per CPU-second, issue 14's target at 100k
 RECORDS = "the records and summary"
@@ -165,7 +172,7 @@ def main() -> None:
                                           else ""))
     print(f"# {ns.workload}, {ns.n:,} requests: servetwin simulate {' '.join(argv)}")
     if ns.base is None:
-        print(f"# records written by {records_core(ROOT)}")
+        print(f"# records written by {records_core(ROOT)}; decode passes {loop_core(ROOT)}")
         total, parts, sub = measure(ns.workload, ns.n)
         print(f"# whole process {total:.2f} CPU-s: {ns.n / total:,.0f} requests per CPU-second "
               f"(target {TARGET:,}: {1e6 / TARGET:.1f} us per request)")
@@ -189,6 +196,7 @@ def main() -> None:
                             "twin", "servetwin"]).returncode
     base = base_tree(ns.base, "servetwin-cost-base")
     print(f"# records written by: tree {records_core(ROOT)}; base {records_core(base)}")
+    print(f"# decode passes: tree {loop_core(ROOT)}; base {loop_core(base)}")
     try:
         best_new = best_base = None
         for _ in range(ns.rounds):

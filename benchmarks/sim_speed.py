@@ -103,21 +103,35 @@ def build_extension(path: Path, commit: str) -> None:
         return
     done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"],
                           cwd=path, capture_output=True, text=True)
-    if done.returncode or not list((path / "twin").glob("_recordsc.*.so")):
-        print(f"# {commit}: its compiled records writer was not built (is Cython "
+    if done.returncode or not list((path / "twin").glob("_recordsc.*.so")) or (
+            (path / "twin" / "_loopc.pyx").exists()
+            and not list((path / "twin").glob("_loopc.*.so"))):
+        print(f"# {commit}: its compiled modules were not built (is Cython "
               f"installed? pip install -e '.[test]'): {done.stderr.strip()[-300:]}",
               file=sys.stderr)
+
+
+def _core(tree: Path, module: str, why_name: str, absent: str, compiled: str) -> str:
+    done = subprocess.run([sys.executable, "-c", f"import {module} as m; "
+                           f"print(getattr(m, '{why_name}', '{absent}') or '')"],
+                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
+                          capture_output=True, text=True)
+    why = done.stdout.strip()
+    return compiled if done.returncode == 0 and not why else f"Python ({why})"
 
 
 def records_core(tree: Path) -> str:
     """Which code writes a tree's records: its compiled writer, or the Python code and why
     (a tree from before the compiled writer: the Python code)."""
-    done = subprocess.run([sys.executable, "-c", "import twin.record_table as t; "
-                           "print(getattr(t, 'WHY_PYTHON', 'no compiled writer') or '')"],
-                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree,
-                          capture_output=True, text=True)
-    why = done.stdout.strip()
-    return "the compiled writer" if done.returncode == 0 and not why else f"Python ({why})"
+    return _core(tree, "twin.record_table", "WHY_PYTHON", "no compiled writer",
+                 "the compiled writer")
+
+
+def loop_core(tree: Path) -> str:
+    """Which code runs a tree's decode passes: compiled (twin/_loopc.pyx), or Python and why
+    (a tree from before it: Python)."""
+    return _core(tree, "twin.replica", "WHY_LOOP_PYTHON", "no compiled decode pass",
+                 "compiled")
 
 
 def drop_tree(tree: Path) -> None:
@@ -149,6 +163,8 @@ def main() -> None:
              else "") + (f", base {ns.base}" if base else ""))
     print(f"# records written by: tree {records_core(new)}"
           + (f"; base {records_core(base)}" if base else ""))
+    print(f"# decode passes: tree {loop_core(new)}"
+          + (f"; base {loop_core(base)}" if base else ""))
     for w in ns.workloads:
         print(f"# {w}: servetwin simulate {' '.join(WORKLOADS[w]('N'))}")
     print("| workload | requests | CPU s | requests / CPU-s | peak RSS MB | base CPU s | "

@@ -211,10 +211,14 @@ def _run(ns: argparse.Namespace, workload, cfg: SimConfig, slo: SLO, rules: list
          where: Path | None) -> int:
     from servetwin.cmd_alerts import attach_alerts, format_alerts
     from twin.record_table import WHY_PYTHON
+    from twin.replica import WHY_LOOP_PYTHON
 
-    if WHY_PYTHON and where is not None:  # the same bytes either way; say why it is slower
-        print(f"servetwin: note: requests.jsonl written by the Python code: {WHY_PYTHON}",
-              file=sys.stderr)
+    # the same results either way; say why it is slower
+    slow = [*([f"requests.jsonl's writer ({WHY_PYTHON})"] if WHY_PYTHON and where else []),
+            *([f"the decode passes ({WHY_LOOP_PYTHON})"] if WHY_LOOP_PYTHON else [])]
+    if slow:
+        print(f"servetwin: note: the Python code runs {' and '.join(slow)}: the same "
+              "results, more slowly", file=sys.stderr)
     progress = Progress(len(workload.requests))
     result = simulate(workload, cfg, slo, progress=progress, keep_compactions=bool(rules),
                       out=where, keep_records=False, record_chunk=ns.record_chunk)

@@ -93,3 +93,23 @@ def test_one_openblas_thread_only_where_no_server_or_torch_runs(command, preset,
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=env, timeout=300)
     assert f"BLAS {expect}" in p.stdout.splitlines()[-1], p.stdout[-500:] + p.stderr[-2000:]
+
+
+def test_python_cores_say_so_and_write_the_same_bytes(tmp_path):
+    """With SERVETWIN_PURE_PYTHON=1 the Python code writes the records and runs the decode
+    passes, says so once on stderr, and writes the compiled modules' bytes; without it a
+    build that has them says nothing."""
+    spec = ["simulate", "--workload", "arrival=poisson,rate=4,n=60", "--model-path",
+            "meta-llama/Llama-3.1-8B", "--step-time-backend", "roofline"]
+    env = {**__import__("os").environ, "SERVETWIN_PURE_PYTHON": "1"}
+    slow = subprocess.run([sys.executable, "-m", "servetwin", *spec, "--out",
+                           str(tmp_path / "py")], capture_output=True, text=True, env=env,
+                          timeout=600, check=True)
+    assert slow.stderr.count("servetwin: note: the Python code runs requests.jsonl's writer "
+                             "(SERVETWIN_PURE_PYTHON is set) and the decode passes") == 1
+    fast = run(*spec, "--out", str(tmp_path / "c"))
+    from twin import record_table, replica
+    if record_table._C is not None and replica._LOOP_C is not None:
+        assert "note: the Python code" not in fast.stderr
+    for f in ("requests.jsonl", "summary.json", "timeseries.csv"):
+        assert (tmp_path / "py" / f).read_bytes() == (tmp_path / "c" / f).read_bytes(), f
