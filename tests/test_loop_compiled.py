@@ -4,7 +4,8 @@
 `servetwin simulate` with `replica._LOOP_C` set and unset and compares every file it writes
 byte for byte, on runs drawn by hypothesis over what changes the pass: KV pools small
 enough to retract and to fail a step's growth, the radix cache on and off, the overlap
-loop on and off, chunk sizes, EOS-stopping clients, a horizon, both step-time backends.
+loop on and off, chunk sizes, EOS-stopping clients, a horizon, both step-time backends,
+the invariant checks.
 A counter checks that the compiled pass ran (a pass it declines changes nothing, so
 equal bytes alone would not show it). Without the extension built these skip, except
 under SERVETWIN_CI=1, where the install must have built it.
@@ -39,10 +40,15 @@ FILES = ("requests.jsonl", "summary.json", "timeseries.csv")
 
 class Counting:
     """`_loopc` with counts of the decode passes it took (not None), declined and
-    retracted in."""
+    retracted in, and of the admission budgets' reserved sums it computed."""
 
     def __init__(self) -> None:
-        self.took = self.declined = self.retracted = 0
+        self.took = self.declined = self.retracted = self.sums = 0
+
+    def reserved_sum(self, running, clip):
+        got = COMPILED.reserved_sum(running, clip)
+        self.sums += got is not None
+        return got
 
     def decode(self, rep):
         got = COMPILED.decode(rep)
@@ -79,7 +85,7 @@ def test_default_run_takes_the_compiled_pass(monkeypatch) -> None:
     c = both([*LLAMA, "--step-time-backend", "opdb", "--workload",
               "arrival=poisson,rate=1.5,n=200,prompt=uniform:1000:4000,output=uniform:100:500"],
              monkeypatch)
-    assert c.took > 200 and c.declined == 0
+    assert c.took > 200 and c.declined == 0 and c.sums > 100
 
 
 def test_retractions_and_failed_growth(monkeypatch) -> None:
@@ -107,9 +113,11 @@ def test_block_allocators_decline(monkeypatch) -> None:
        radix=st.booleans(), overlap=st.booleans(), eos=st.booleans(),
        chunk=st.sampled_from([None, 512, 2048]),
        horizon=st.sampled_from([None, 20.0]),
-       rate=st.sampled_from([2, 8, 30]), seed=st.integers(0, 5))
+       rate=st.sampled_from([2, 8, 30]), seed=st.integers(0, 5), debug=st.booleans())
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, radix, overlap, eos, chunk,
-                                       horizon, rate, seed) -> None:
+                                       horizon, rate, seed, debug) -> None:
+    """(--debug-checks: the replica's invariants, KV owners' tokens among them, checked at
+    every pass, so a count the records do not show is checked too.)"""
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
             f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"]
     if pool is not None:
@@ -124,6 +132,8 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, radix, overla
         argv += ["--chunked-prefill-size", str(chunk)]
     if horizon is not None:
         argv += ["--horizon", str(horizon)]
+    if debug:
+        argv.append("--debug-checks")
     c = both(argv, monkeypatch)
     assert c.took > 0
 
@@ -146,3 +156,43 @@ def test_fleet_runs_that_a_submit_cuts(monkeypatch) -> None:
               "arrival=poisson,rate=6,n=200,prompt=uniform:200:6000,output=uniform:20:300"],
              monkeypatch)
     assert c.took > 100 and c.declined == 0
+
+
+def test_numpy_lengths_go_through_getattr(monkeypatch) -> None:
+    """Lengths that are numpy integers (a trace read with numpy) are not exact ints: the
+    compiled pass reads and adds them as Python does, with the same records."""
+    import dataclasses
+
+    import numpy as np
+
+    from twin.config import ServerArgs
+    from twin.sim import SimConfig, simulate
+    from twin.workload import from_spec
+
+    wl = from_spec("arrival=poisson,rate=8,n=60,prompt=uniform:100:3000,output=uniform:1:400",
+                   seed=2)
+    wl = dataclasses.replace(wl, requests=tuple(
+        dataclasses.replace(r, prompt_tokens=np.int64(r.prompt_tokens),
+                            output_tokens=np.int32(r.output_tokens)) for r in wl.requests))
+    cfg = SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B",
+                                    max_total_tokens=12000),
+                    gpu="a100-sxm-80gb", step_time_backend="roofline")
+    out = []
+    for core in (Counting(), None):
+        monkeypatch.setattr(replica, "_LOOP_C", core)
+        res = simulate(wl, cfg)
+        out.append(([dict(r) for r in res.records], res.summary))
+        if core is not None:
+            assert core.took > 0
+    assert out[0] == out[1]
+
+
+def test_reserved_outputs_beyond_the_clip(monkeypatch) -> None:
+    """Outputs longer than SGLang's 4,096-token reservation clip: the admission budget's
+    reserved sum clips each running request's remaining tokens (mutation-checked: an
+    unclipped sum, or the plain sum whatever the longest, fails this run)."""
+    c = both([*LLAMA, "--step-time-backend", "roofline", "--max-total-tokens", "40000",
+              "--workload",
+              "arrival=poisson,rate=2,n=40,prompt=uniform:100:2000,output=uniform:2000:9000"],
+             monkeypatch)
+    assert c.sums > 0

@@ -1,9 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """The scheduler loop's decode pass, compiled (issue 14): `Replica._run_decode`
 (twin/replica.py) for SGLang's token pool with the step-time memo, the case every default
-run takes. The Python method is the specification and runs wherever this module is not
-built, and for every pass `decode` declines (returns None, having changed nothing): a
-block allocator, a policy's park or time slice, a step log.
+run and every fleet takes, and the admission budget's reserved sum
+(`Adder._reserved_sum`, twin/admission.py). The Python methods are the specification and
+run wherever this module is not built, and wherever it declines (returns None, having
+changed nothing): a block allocator, a policy's park or time slice, a step log; an
+EOS-stopping request's reservation.
 
 The same floats in the same order: the run's ends are the sequential prefix sum of its
 step times plus `now` (numpy's `cumsum`, then `+=`), the first end at or after the limit
@@ -11,14 +13,82 @@ found by numpy's binary search, the ratio decays by `k * decay`."""
 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
+from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memcpy
 
 import numpy as np
 
 from twin.perf.step_cache import BLOCK as _BLOCK
+from twin.request_state import SimRequest
 
 cdef long long BLOCK = _BLOCK
+
+
+# A running request's numbers are read and written in its slots directly (SimRequest has
+# __slots__: each is a PyObject* at a fixed offset, which its member descriptor holds).
+# Reached through getattr, each costs a type lookup and a descriptor call, and a large
+# batch's pass is mostly those. Any other type goes through getattr.
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+    int T_OBJECT_EX
+    int READONLY
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+cdef Py_ssize_t slot_offset(str name) except -1:
+    d = SimRequest.__dict__[name]
+    if type(d).__name__ != "member_descriptor":
+        raise TypeError(f"SimRequest.{name} is not a slot")
+    cdef PyMemberDef* m = (<PyMemberDescrObject*><PyObject*>d).d_member
+    if m.type != T_OBJECT_EX or m.flags & READONLY:
+        raise TypeError(f"SimRequest.{name} is not a writable object slot")
+    return m.offset
+
+
+cdef object SR = None  # None: every request through getattr
+cdef Py_ssize_t GEN = 0, MAXNEW = 0, PROMPT = 0, PRIVATE = 0, INDEX = 0, EOS = 0
+try:
+    EOS = slot_offset("ignore_eos")
+    GEN = slot_offset("generated_tokens")
+    MAXNEW = slot_offset("max_new_tokens")
+    PROMPT = slot_offset("prompt_tokens")
+    PRIVATE = slot_offset("private")
+    INDEX = slot_offset("index")
+    SR = SimRequest
+except (KeyError, TypeError):  # SimRequest without these slots: getattr it is
+    pass
+
+
+cdef inline PyObject* slot(object o, Py_ssize_t off):
+    """The slot's value, borrowed (NULL: unset)."""
+    return (<PyObject**>((<char*><PyObject*>o) + off))[0]
+
+
+cdef inline object add_k(object o, Py_ssize_t off, str name, long long k):
+    """`o.<name> += k`, in the slot when `o` is a SimRequest holding an exact int."""
+    cdef PyObject* v
+    cdef PyObject** p
+    cdef object new
+    if type(o) is SR:
+        p = <PyObject**>((<char*><PyObject*>o) + off)
+        v = p[0]
+        if v != NULL and PyLong_CheckExact(<object>v):
+            new = PyLong_FromLongLong(PyLong_AsLongLong(<object>v) + k)
+            Py_INCREF(new)
+            p[0] = <PyObject*>new
+            Py_XDECREF(v)
+            return None
+    setattr(o, name, getattr(o, name) + k)
 
 
 cdef bint as_doubles(object arr, Py_buffer* buf, int flags) except -1:
@@ -72,6 +142,38 @@ cdef object bounded(object span, double first, long long k):
         return None
 
 
+def reserved_sum(list running, long long clip):
+    """`Adder._reserved_sum` (twin/admission.py) when every running request has
+    `ignore_eos` True and exact-int lengths: float(sum(min(max_new - generated, clip))), the
+    same float (a sum of whole numbers below 2**53). None otherwise, for the Python code
+    (an empty batch, an EOS-stopping request, another type)."""
+    cdef long long total = 0, clipped = 0, top = 0, left
+    cdef Py_ssize_t i, b = len(running)
+    cdef PyObject* pe
+    cdef PyObject* pg
+    cdef PyObject* pm
+    if b == 0:
+        return None
+    for i in range(b):
+        req = running[i]
+        if type(req) is not SR:
+            return None
+        pe = slot(req, EOS)
+        pg = slot(req, GEN)
+        pm = slot(req, MAXNEW)
+        if (pe == NULL or <object>pe is not True or pg == NULL or pm == NULL
+                or not PyLong_CheckExact(<object>pg) or not PyLong_CheckExact(<object>pm)):
+            return None
+        left = PyLong_AsLongLong(<object>pm) - PyLong_AsLongLong(<object>pg)
+        total += left
+        clipped += left if left < clip else clip
+        if i == 0 or left > top:
+            top = left
+    if total > 9007199254740992 or total < -9007199254740992:
+        return None
+    return float(total) if top <= clip else float(clipped)
+
+
 def decode(rep):
     """One decode pass of `rep` (`Replica._run_decode` up to its sleep): None when the pass
     is outside this code's coverage (nothing changed), False when the step could not be
@@ -88,6 +190,10 @@ def decode(rep):
     cdef double stack[256]
     cdef double end_k
     cdef bint in_block, has_tb
+    cdef PyObject* pg
+    cdef PyObject* pm
+    cdef PyObject* pp
+    cdef long long g_
     if b == 0 or not rep._counts_only or rep._park_until or rep.step_log is not None:
         return None
     if rep.slice_s:
@@ -111,11 +217,20 @@ def decode(rep):
     kv0 = 0
     for i in range(b):
         req = running[i]
-        g = req.generated_tokens
-        left = <long long>(req.max_new_tokens - g)
+        pg = slot(req, GEN) if type(req) is SR else NULL
+        pm = slot(req, MAXNEW) if pg != NULL else NULL
+        pp = slot(req, PROMPT) if pm != NULL else NULL
+        if (pp != NULL and PyLong_CheckExact(<object>pg) and PyLong_CheckExact(<object>pm)
+                and PyLong_CheckExact(<object>pp)):
+            g_ = PyLong_AsLongLong(<object>pg)
+            left = PyLong_AsLongLong(<object>pm) - g_
+            kv0 += PyLong_AsLongLong(<object>pp) + g_
+        else:
+            g = req.generated_tokens
+            left = <long long>(req.max_new_tokens - g)
+            kv0 += <long long>(req.prompt_tokens + g)
         if i == 0 or left < fewest:
             fewest = left
-        kv0 += <long long>(req.prompt_tokens + g)
     k_mem = room // b if room >= 0 else -((-room + b - 1) // b)  # Python's floor division
     k = k_mem if k_mem > 1 else 1
     if fewest < k:
@@ -221,7 +336,8 @@ def decode(rep):
         if ep != &stack[0]:
             PyMem_Free(ep)
     # `_grow_decoders(running, k)` on a token pool
-    owners = [req.index for req in running]
+    owners = [<object>slot(req, INDEX) if type(req) is SR and slot(req, INDEX) != NULL
+              else req.index for req in running]
     bb = b
     need = bb * k - (<long long>alloc.capacity - <long long>alloc.used)
     if need > 0 and tree is not None:
@@ -255,8 +371,8 @@ def decode(rep):
     min_ratio = rep.min_ratio
     rep.new_token_ratio = min_ratio if min_ratio > ratio else ratio
     for req in running:
-        req.generated_tokens += k
-        req.private += k
+        add_k(req, GEN, "generated_tokens", k)
+        add_k(req, PRIVATE, "private", k)
     if cut:
         return dur, k >= fewest, ends, busy0, ratio0
     return dur, k >= fewest

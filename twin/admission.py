@@ -4,6 +4,7 @@ requests' future tokens). The replica (`twin/replica.py`) owns the state it read
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from twin import config as C
@@ -37,6 +38,11 @@ class Adder:
         """sum(reserved(r) for r in running). With every request `ignore_eos` each term
         is a whole number times 1.0, so the float sum is exact in any order: summed as
         integers (the same value, without a call per request)."""
+        loop_c = sys.modules["twin.replica"]._LOOP_C  # the replica's switch (imported)
+        if loop_c is not None:  # compiled, where every request is of this kind
+            got = loop_c.reserved_sum(running, C.CLIP_MAX_NEW_TOKENS)
+            if got is not None:
+                return got
         if not running or not all(r.ignore_eos for r in running):
             return sum(self.reserved(r) for r in running)
         left = [r.max_new_tokens - r.generated_tokens for r in running]
