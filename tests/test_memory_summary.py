@@ -12,7 +12,7 @@ from twin.memory import AllocResult, TokenPool
 from twin.memory.buddy import BuddyAllocator
 from twin.memory.contiguous import ContiguousAllocator
 from twin.memory.paged import PagedAllocator
-from twin.memory_stats import fragmentation_columns, memory_summary
+from twin.memory_stats import memory_summary
 from twin.metrics import SERIES_FIELDS, format_summary
 from twin.sim import simulate
 from twin.workload import from_spec
@@ -26,9 +26,8 @@ def approx(x: float):
 
 def row(t: float, alloc, waiting: int = 0, cached: int = 0) -> tuple:
     """A series row as the replica samples it (twin.replica.Replica._sample)."""
-    st = alloc.stats()
-    return (t, 0, waiting, st.stored, st.allocated, st.largest_free_run, cached, 0.7,
-            *fragmentation_columns(st))
+    stored, allocated, largest, internal, external = alloc.series_columns()
+    return (t, 0, waiting, stored, allocated, largest, cached, 0.7, internal, external)
 
 
 def summary(rows, alloc, counters=None) -> dict:
@@ -177,3 +176,22 @@ def test_a_sample_stands_for_every_instant_since_the_previous_one():
     assert m["samples"] == 2 and m["stored_tokens"] == {"mean": 32.5, "peak": 40}
     half = memory_summary(rows, SERIES_FIELDS, a.stats(), "token", 1.0, {}, 0.5)
     assert half["stored_tokens"]["mean"] == approx((10 + 6 * 40) / 7)  # instants 0.5..3
+
+
+@pytest.mark.parametrize("name", ["token", "paged", "buddy", "contiguous"])
+def test_series_columns_are_the_stats_sample(name):
+    """Every allocator's series sample is its `stats()` rounded as the series writes it
+    (TokenPool answers from its counts; KVAllocator.series_columns is the rule)."""
+    from twin.memory import KVAllocator, make_allocator
+    a = make_allocator(name, 4096, page_size=16, bytes_per_token=131072.0)
+    seen = [a.series_columns()]
+    for owner, n in [(1, 100), (2, 37), (3, 1000), (1, 5)]:
+        a.alloc(owner, n)
+        seen.append(a.series_columns())
+        assert seen[-1] == KVAllocator.series_columns(a)
+    a.free(2)
+    assert a.series_columns() == KVAllocator.series_columns(a)
+    assert a.series_columns() != seen[0]  # the sample moves with the allocations
+    a.free(1)
+    a.free(3)
+    assert a.series_columns() == KVAllocator.series_columns(a) == seen[0]

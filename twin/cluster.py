@@ -179,6 +179,9 @@ class Deployment:
         return self.source.open_loop and not self.faults
 
     def pump(self, now: float) -> None:
+        nxt = self.source.next_time()
+        if nxt is None or nxt > now:  # most passes: nothing is due
+            return
         for sent, req in self.source.pop_ready(now):
             if self._pool_times is not None:
                 pool = self._pool_of(req)

@@ -22,11 +22,6 @@ from twin.memory import AllocatorStats
 FRAGMENTATION_FIELDS = ("kv_internal_fragmentation", "kv_external_fragmentation")
 
 
-def fragmentation_columns(st: AllocatorStats) -> tuple[float, float]:
-    """The series' fragmentation columns for one `stats()` sample."""
-    return round(st.internal_fragmentation, 6), round(st.external_fragmentation, 6)
-
-
 def _spread(values: np.ndarray) -> dict[str, float | None]:
     if not values.size:
         return {"mean": None, "p99": None, "max": None}

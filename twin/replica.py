@@ -31,7 +31,6 @@ from twin.decode_cut import CutRuns
 from twin.errors import ServetwinError
 from twin.inbox import Inbox
 from twin.memory import KVAllocator, TokenPool
-from twin.memory_stats import fragmentation_columns
 from twin.overlap import FreedLater
 from twin.perf import StepTimeModel
 from twin.perf.step_cache import memo_for
@@ -246,6 +245,9 @@ class Replica(Inbox, KVMemory, CutRuns):
         self.feed.pump(now)
         inbox, self._inbox = self._inbox, []
         cutoff, self._scheduled_at, self._pass_at = self._scheduled_at, None, now
+        if not inbox:  # most passes: nothing received (`_seen_by` of an empty inbox)
+            self._known = 0
+            return
         if self.freed_later is not None:
             inbox, self._inbox = self._seen_by(inbox, cutoff)
         recv = now if cutoff is None else cutoff
@@ -879,10 +881,10 @@ class Replica(Inbox, KVMemory, CutRuns):
         if now < self._next_sample:
             return
         cached = self.tree.total_tokens if self.tree else 0
-        st = self.alloc.stats()
-        self.series.append((round(now, 6), len(self.running), len(self.waiting), st.stored,
-                            st.allocated, st.largest_free_run, cached,
-                            round(self.new_token_ratio, 4), *fragmentation_columns(st)))
+        stored, allocated, largest, internal, external = self.alloc.series_columns()
+        self.series.append((round(now, 6), len(self.running), len(self.waiting), stored,
+                            allocated, largest, cached, round(self.new_token_ratio, 4),
+                            internal, external))
         self._next_sample = (math.floor(now / self._sample_every) + 1) * self._sample_every
         if self.progress is not None:
             self.progress(len(self.finished), now)

@@ -149,7 +149,7 @@ class SimResult:
         with atomic_writer(out / "timeseries.csv") as fh:
             fh.write(",".join(SERIES_FIELDS) + "\n")
             for row in self.series:
-                fh.write(",".join(str(x) for x in row) + "\n")
+                fh.write(",".join(map(str, row)) + "\n")
 
 
 def choose_backend(cfg: SimConfig, cap: Capacity) -> str:

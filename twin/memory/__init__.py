@@ -117,6 +117,14 @@ class KVAllocator(ABC):
     @abstractmethod
     def stats(self) -> AllocatorStats: ...
 
+    def series_columns(self) -> tuple[int, int, int, float, float]:
+        """A time-series sample of `stats()`: stored, allocated, largest free run, and the
+        internal and external fragmentation rounded to 6 places (twin.metrics'
+        SERIES_FIELDS)."""
+        st = self.stats()
+        return (st.stored, st.allocated, st.largest_free_run,
+                round(st.internal_fragmentation, 6), round(st.external_fragmentation, 6))
+
     def footprint(self, n: int) -> int:
         """Free tokens a new owner of n tokens takes (a block allocator rounds up to its
         block): what an admission budget should subtract."""
@@ -186,6 +194,11 @@ class TokenPool(KVAllocator):
     def stats(self) -> AllocatorStats:
         free = self.capacity - self.used
         return AllocatorStats(self.capacity, self.used, self.used, free, free, self._oom)
+
+    def series_columns(self) -> tuple[int, int, int, float, float]:
+        # stats()' numbers without the object: allocated is stored, the free space one
+        # run, so both fragmentations are 0.0 (a sample a simulated second, issue 14)
+        return self.used, self.used, self.capacity - self.used, 0.0, 0.0
 
     def check_integrity(self) -> None:
         assert 0 <= self.used <= self.capacity, (self.used, self.capacity)
