@@ -248,7 +248,11 @@ class Deployment:
         self._drained = True
         out = []
         while not self.source.exhausted:  # closed loop: each leave releases the next one
-            for item in self.source.pop_ready(math.inf):
+            items = self.source.pop_ready(math.inf)
+            if not items:  # the clients' slots are held by requests still in flight
+                self.source.release_rest(self.env.now)  # (they end in `finalize`)
+                continue
+            for item in items:
                 out.append(item)
                 self.source.finished(self.env.now)
         return out

@@ -97,6 +97,18 @@ class Source:
                 self._offset = back + BENCH_WARMUP_GAP_S
         self._fill(back)
 
+    def release_rest(self, now: float) -> None:
+        """The end of a run: every request not yet released is, whatever the clients'
+        slots (a request still in flight when the run ended holds its slot for good: a
+        drain waiting for it to leave would never end). Each is sent at the later of its
+        arrival and `now` plus the final chunk's way back, as `finished` would send it."""
+        self._warm_left = 0  # a warm-up that never came back holds back nobody now
+        limit, self._limit = self._limit, None
+        try:
+            self._fill(now + self._path.egress_s)
+        finally:
+            self._limit = limit
+
     @property
     def exhausted(self) -> bool:
         return not self._pending and not self._ready
