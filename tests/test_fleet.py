@@ -301,7 +301,8 @@ def test_a_closed_loop_fleet_ends_when_requests_still_hold_client_slots():
              11.658, 12.457, 13.595]
     prompts = [285, 128, 178, 202, 25, 257, 172, 400, 395, 274, 71, 313, 186, 159]
     outs = [4, 1, 6, 1, 8, 2, 3, 5, 3, 5, 8, 8, 7, 3]
-    reqs = [req(f"p{i:02d}", t, p, o) for i, (t, p, o) in enumerate(zip(times, prompts, outs))]
+    reqs = [req(f"p{i:02d}", t, p, o)
+            for i, (t, p, o) in enumerate(zip(times, prompts, outs, strict=True))]
     dep = build(reqs, "random", ("sglang", "vllm"),
                 [Fault("crash", "r1", 0.0, repair_s=15.722893506094907, duration_s=2.00001)],
                 seed=1, concurrency=2, horizon=15.0, disable_retries=True,
