@@ -55,9 +55,10 @@ class Request:
     def make(cls, rid: str, arrival_s: float, segments: tuple[Segment, ...] | list[Segment],
              output_tokens: int, priority: int = 0, ignore_eos: bool | None = None
              ) -> Request:
-        segs = tuple((int(h), int(n)) for h, n in segments if n > 0)
-        return cls(rid, float(arrival_s), segs, int(output_tokens), int(priority),
-                   sum(n for _, n in segs), None if ignore_eos is None else bool(ignore_eos))
+        segs = tuple([(int(h), int(n)) for h, n in segments if n > 0])
+        prompt = segs[0][1] if len(segs) == 1 else sum([n for _, n in segs])
+        return cls(rid, float(arrival_s), segs, int(output_tokens), int(priority), prompt,
+                   None if ignore_eos is None else bool(ignore_eos))
 
 
 # Whose closed-loop clients a workload models (`clients=`, arrival=closed only):
@@ -302,14 +303,17 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
     tier = rng.choice(len(prio), size=n, p=weight)
     ids = SegmentIds()
     requests = []
-    for i in range(n):
+    # Python numbers up front: a numpy scalar read per field per request costs more than
+    # the request (int() and float() of them are the numbers make() would take)
+    for i, (at, rest, out, templated, tmpl, p) in enumerate(zip(
+            np.asarray(times, dtype=float).tolist(), np.asarray(prompts).tolist(),
+            np.asarray(outputs).tolist(), uses_template.tolist(), template.tolist(),
+            prio[tier].tolist(), strict=True)):
         segs: list[Segment] = [(1, system)] if system else []
-        rest = int(prompts[i])
-        if uses_template[i]:
-            segs.append((1000 + int(template[i]), tlen))
-        segs.append((ids.unique(), rest))
-        requests.append(Request.make(f"r{i}", times[i], segs, int(outputs[i]),
-                                     int(prio[tier[i]])))
+        if templated:
+            segs.append((1000 + tmpl, tlen))
+        segs.append((ids.unique(), int(rest)))
+        requests.append(Request.make(f"r{i}", at, segs, int(out), p))
     clients = opts.get("clients", "replay")
     if clients not in CLIENTS:
         raise ConfigError(f"workload key clients={clients!r}: allowed values: "
