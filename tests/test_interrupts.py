@@ -130,6 +130,9 @@ def test_sigint_is_taken_between_events_not_inside_one():
 
     from twin.interrupt import run_interruptible
 
+    # Python's own handler, as in a foreground run (a suite started as a background job
+    # inherits SIGINT ignored, and run_interruptible rightly leaves that alone)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     env = simpy.Environment()
     done = []
 
