@@ -178,3 +178,33 @@ def test_default_backend_uses_data_where_it_covers():
     assert default_backend(derive_capacity(llama, "a100-pcie-80gb")) == "opdb"
     fp8_kv_on_a100 = ServerArgs(model_path="meta-llama/Llama-3.1-8B", kv_cache_dtype="fp8_e4m3")
     assert default_backend(derive_capacity(fp8_kv_on_a100, "a100-sxm-80gb")) == "roofline"
+
+
+class _BreakdownOnly:
+    """A backend that answers `breakdown` but has no `overhead` shortcut."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def step_time(self, chunks, decode):
+        return self.inner.step_time(chunks, decode)
+
+    def breakdown(self, chunks, decode):
+        return self.inner.breakdown(chunks, decode)
+
+
+@pytest.mark.parametrize("chunks,decode", [
+    ([(1024, 0)], []), ([(3000, 500), (17, 4096)], [100, 5000, 7000]), ([], [2048] * 37),
+    ([], [10] * 300), ([(8192, 0)], [1] * 5)])
+def test_the_overlap_loop_reads_the_overhead_alone_as_from_the_breakdown(smooth, chunks,
+                                                                         decode):
+    """OverlapStepTime takes opdb's `overhead` instead of a whole breakdown: the same
+    float, and the CPU part as the model defines it (eager with a prefill, the graph's
+    launch for a decode batch it captures)."""
+    from twin.overlap import OverlapStepTime
+    assert (OverlapStepTime(smooth).step_time(chunks, decode)
+            == OverlapStepTime(_BreakdownOnly(smooth)).step_time(chunks, decode))
+    graph = not chunks and len(decode) <= smooth._graph_bs
+    assert smooth.overhead(chunks, decode) == ((smooth._graph if graph else smooth._eager)
+                                               + smooth._per_request
+                                               * (len(chunks) + len(decode)))

@@ -48,7 +48,9 @@ class OverlapStepTime:
                   decode_kv_lens: Sequence[int]) -> float:
         total = self.inner.step_time(prefill_chunks, decode_kv_lens)
         if prefill_chunks:
-            oh = self.inner.breakdown(prefill_chunks, decode_kv_lens)["overhead"]
+            part = getattr(self.inner, "overhead", None)  # the part alone, where it can
+            oh = (part(prefill_chunks, decode_kv_lens) if part is not None
+                  else self.inner.breakdown(prefill_chunks, decode_kv_lens)["overhead"])
         else:
             oh = self._overhead_decode(len(decode_kv_lens))
         return max(total - oh, oh)

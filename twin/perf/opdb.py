@@ -394,10 +394,17 @@ class OpdbStepTime:
         mean = sum(decode_kv_lens) / n_dec if n_dec else 0.0
         parts["decode_attention"] = (float(np.interp(mean, self.ds, self._decode_row(n_dec)))
                                      if n_dec else 0.0)
-        graph = not has_prefill and n_dec <= self._graph_bs
-        parts["overhead"] = ((self._graph if graph else self._eager)
-                             + self._per_request * (len(prefill_chunks) + n_dec))
+        parts["overhead"] = self.overhead(prefill_chunks, decode_kv_lens)
         return parts
+
+    def overhead(self, prefill_chunks: Sequence[PrefillChunk],
+                 decode_kv_lens: Sequence[int]) -> float:
+        """`breakdown(...)["overhead"]` alone: the CPU's launch and scheduling part (the
+        overlap loop asks for it at every prefill step)."""
+        n_dec = len(decode_kv_lens)
+        graph = not prefill_chunks and n_dec <= self._graph_bs
+        return ((self._graph if graph else self._eager)
+                + self._per_request * (len(prefill_chunks) + n_dec))
 
     def describe(self) -> str:
         c = self.capacity
