@@ -36,6 +36,8 @@ class OverlapStepTime:
     def __init__(self, inner: StepTimeModel) -> None:
         self.inner = inner
         self.name = inner.name
+        # the CPU part of a prefill step alone, where the backend gives it (opdb)
+        self._overhead = getattr(inner, "overhead", None)
         self._decode_oh: dict[int, float] = {}
 
     def _overhead_decode(self, b: int) -> float:
@@ -48,7 +50,7 @@ class OverlapStepTime:
                   decode_kv_lens: Sequence[int]) -> float:
         total = self.inner.step_time(prefill_chunks, decode_kv_lens)
         if prefill_chunks:
-            part = getattr(self.inner, "overhead", None)  # the part alone, where it can
+            part = self._overhead
             oh = (part(prefill_chunks, decode_kv_lens) if part is not None
                   else self.inner.breakdown(prefill_chunks, decode_kv_lens)["overhead"])
         else:

@@ -217,11 +217,7 @@ class Replica(Inbox, KVMemory, CutRuns):
             if self.shrunk:  # SGLang filters the batch at the top of every pass: a
                 self.shrunk = False  # smaller batch clears batch_is_full
                 self.batch_full = False
-            if self.chunked is None and not self.preempt and (
-                    not self.waiting or self.batch_full):
-                batch = None  # `_schedule_prefill`'s first answer, without its generator
-            else:
-                batch = yield from self._schedule_prefill(now)
+            batch = yield from self._schedule_prefill(now)
             if batch:
                 yield from self._run_prefill(batch)
                 if not self._placed_any and self.running:
