@@ -35,6 +35,8 @@ else:
             [Extension("twin._recordsc", ["twin/_recordsc.pyx"]),
              # the loop's floats in the source's order: no fused multiply-adds
              Extension("twin._loopc", ["twin/_loopc.pyx"],
+                       extra_compile_args=["-ffp-contract=off"]),
+             Extension("twin._corec", ["twin/_corec.pyx"],
                        extra_compile_args=["-ffp-contract=off"])],
             compiler_directives={"language_level": 3}, quiet=True)
     except Exception as exc:  # noqa: BLE001 - a Cython that rejects the source: Python only

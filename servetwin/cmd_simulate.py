@@ -238,6 +238,8 @@ def _run(ns: argparse.Namespace, workload, cfg: SimConfig, slo: SLO, rules: list
         print(json.dumps(result.summary, indent=2))
     else:
         print(f"step-time backend: {result.backend}")
+        print("scheduler loop: " + ("the typed core (twin/_corec.pyx)" if result.loop_core is None
+                                    else f"the Python replica ({result.loop_core})"))
         print(format_summary(result.summary))
         if rules:
             if note:

@@ -47,6 +47,13 @@ RUNS: dict[str, list[str]] = {
     "priority": [*LLAMA, *ROOF, "--enable-priority-scheduling", "--max-running-requests", "12",
                  "--workload", VIDUR.format(rate=6, n=250) + "," + TIERS],
     "shared-prefix-radix": [*LLAMA, *ROOF, "--workload", SHARED],
+    # the typed core's coverage (twin/core.py): no radix cache
+    "no-radix": [*LLAMA, *OPDB, "--disable-radix-cache", "--workload",
+                 VIDUR.format(rate=1.5, n=300)],
+    "no-radix-retract": [*LLAMA, *ROOF, "--disable-radix-cache", "--max-total-tokens", "15000",
+                         "--no-ignore-eos", "--disable-overlap-schedule",
+                         "--chunked-prefill-size", "1024", "--workload",
+                         VIDUR.format(rate=10, n=250)],
     "retract-heavy": [*LLAMA, *ROOF, "--max-total-tokens", "15000", "--no-ignore-eos",
                       "--workload", VIDUR.format(rate=10, n=250)],
     "aggressive+swap": [*LLAMA, *ROOF, "--max-total-tokens", "40000",

@@ -83,16 +83,21 @@ def test_calibrate_stops_when_the_server_dies(tmp_path, capsys):
     assert all(r["traces"] for r in _runs(out.with_suffix(".runs.jsonl")))
 
 
-def test_simulate_ctrl_c_writes_every_request(tmp_path):
+@pytest.mark.parametrize("loop", ["python", "typed"])
+def test_simulate_ctrl_c_writes_every_request(tmp_path, loop):
+    # the typed core (twin/_corec.pyx, without the radix cache) takes the signal between
+    # passes; it is faster, so its run is longer
     out = tmp_path / "sim"
-    n = 20_000  # minutes of work: the run is stopped long before the end
-    proc = servetwin("simulate", "--workload", f"arrival=poisson,rate=20,n={n},"
+    n = 20_000 if loop == "python" else 200_000  # stopped long before the end
+    extra = ["--disable-radix-cache"] if loop == "typed" else []
+    proc = servetwin("simulate", *extra, "--workload", f"arrival=poisson,rate=20,n={n},"
                      "prompt=uniform:100:2000,output=uniform:50:500", "--out", str(out))
     wait_for_line(proc, " requests, ")  # the first progress line may show 0 done (load):
     _busy_for(proc, 0.5)  # half a CPU-second more of simulation finishes some
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    stdout, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert ("scheduler loop: the typed core" in stdout) == (loop == "typed"), stdout
     assert "interrupted (Ctrl-C) at simulated time" in err and "marked partial" in err
     recs = read_records(out / "requests.jsonl")
     assert len(recs) == len({r["rid"] for r in recs}) == n

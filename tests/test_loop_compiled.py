@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servetwin.cli import main
+from twin import core as typed_core
 from twin import replica
 
 pytestmark = pytest.mark.offline
@@ -63,6 +64,7 @@ class Counting:
 
 def run(argv: list[str], core, monkeypatch) -> dict[str, bytes]:
     monkeypatch.setattr(replica, "_LOOP_C", core)
+    monkeypatch.setattr(typed_core, "_CORE", None)  # the Python replica's loop (twin/core.py)
     with tempfile.TemporaryDirectory() as tmp:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             rc = main(["simulate", *argv, "--out", tmp])
@@ -178,6 +180,7 @@ def test_numpy_lengths_go_through_getattr(monkeypatch) -> None:
                                     max_total_tokens=12000),
                     gpu="a100-sxm-80gb", step_time_backend="roofline")
     out = []
+    monkeypatch.setattr(typed_core, "_CORE", None)
     for core in (Counting(), None):
         monkeypatch.setattr(replica, "_LOOP_C", core)
         res = simulate(wl, cfg)

@@ -12,6 +12,7 @@ import os
 import pytest
 from record_digests import RUNS, run_digests, stored
 
+from twin import core as typed_core
 from twin import record_table, replica
 
 STORED = stored()
@@ -20,14 +21,16 @@ STORED = stored()
 @pytest.mark.parametrize("core", ["compiled", "python"])
 @pytest.mark.parametrize("name", list(RUNS))
 def test_records_match_stored_digests(name: str, core: str, monkeypatch) -> None:
-    """Both cores: the compiled modules (the records' writer, twin/_recordsc.pyx, and the
-    loop's decode pass, twin/_loopc.pyx) and the Python code they were written from."""
+    """Both cores: the compiled modules (the records' writer, twin/_recordsc.pyx, the
+    loop's decode pass, twin/_loopc.pyx, and the typed core, twin/_corec.pyx, where a run
+    is in its coverage) and the Python code they were written from."""
     assert name in STORED, f"no stored digest for {name}: python -m tests.record_digests --update"
     if core == "python":
         monkeypatch.setattr(record_table, "_C", None)
         monkeypatch.setattr(replica, "_LOOP_C", None)
-    elif record_table._C is None or replica._LOOP_C is None:
-        why = record_table.WHY_PYTHON or replica.WHY_LOOP_PYTHON
+        monkeypatch.setattr(typed_core, "_CORE", None)
+    elif record_table._C is None or replica._LOOP_C is None or typed_core._CORE is None:
+        why = record_table.WHY_PYTHON or replica.WHY_LOOP_PYTHON or typed_core.WHY_NO_CORE
         if os.environ.get("SERVETWIN_CI") == "1":
             pytest.fail(f"CI must build the compiled modules: {why}")
         pytest.skip(f"not built: {why}")

@@ -11,6 +11,8 @@ import simpy
 
 from twin.cluster import Deployment
 from twin.config import Capacity, ServerArgs, derive_capacity
+from twin.core import run as run_core
+from twin.core import why_not
 from twin.decider import Decider
 from twin.errors import ConfigError
 from twin.inputs import COUNT, FINITE, NON_NEGATIVE, POSITIVE, Rule, check, check_optional
@@ -139,6 +141,8 @@ class SimResult:
     # (time, cause, tokens moved) of each compaction, when `keep_compactions` was asked
     compaction_log: list = field(default_factory=list)
     records_path: Path | None = None  # where `simulate(out=...)` wrote the records
+    # which scheduler loop ran: None the typed core (twin/core.py), else why not
+    loop_core: str | None = ""
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -275,9 +279,14 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         rep.finished = sink
         rep.feed.done_tickets = Count()  # the deployment's tickets: not needed for one
     interrupted = None
-    env.process(rep.run())
-    # keep what is done: every request still gets its record (stopped between events)
-    if run_interruptible(env, rep.wait_in_events):
+    rep.loop_core = why_not(rep, workload)  # None: the typed core runs it (twin/core.py)
+    if rep.loop_core is None:
+        stopped = run_core(rep)
+    else:
+        env.process(rep.run())
+        # keep what is done: every request still gets its record (stopped between events)
+        stopped = run_interruptible(env, rep.wait_in_events)
+    if stopped:
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
     if sink is not None:
         warmup = sink.skipped
@@ -309,7 +318,8 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
                                        rep.alloc.name, rep.cap.kv_bytes_per_token, counters,
                                        cfg.sample_every_s)
     return SimResult(records, summary, rep.series, rep.cap, backend, counters, interrupted,
-                     rep.compaction_log or [], sink.path if sink is not None else None)
+                     rep.compaction_log or [], sink.path if sink is not None else None,
+                     rep.loop_core)
 
 
 def with_unfinished(records: list[dict], workload: Workload, why: str,

@@ -1,0 +1,129 @@
+"""The typed core (twin/_corec.pyx) gives the Python replica's bytes.
+
+`Replica.run` (twin/replica.py) is the specification. Each test runs the same `servetwin
+simulate` with the typed core on and off (`twin.core._CORE` unset: the Python replica,
+with its compiled decode pass) and compares every file it writes byte for byte, on runs
+drawn by hypothesis over what the core reproduces: pools small enough to retract, to fail
+a step's growth and to abort a prefill, the overlap loop on and off, chunk sizes,
+EOS-stopping clients, a horizon, prompts SGLang rejects and outputs it clips, both
+step-time backends. A counter checks that the core ran (a run outside its coverage runs
+the Python replica, and equal bytes alone would not show which ran). Without the
+extension built these skip, except under SERVETWIN_CI=1, where the install must build it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servetwin.cli import main
+from twin import core, sim
+
+pytestmark = pytest.mark.offline
+
+CORE = core._CORE
+if CORE is None:
+    if os.environ.get("SERVETWIN_CI") == "1":
+        raise RuntimeError(f"CI must build the typed core: {core.WHY_NO_CORE}")
+    pytest.skip(f"not built: {core.WHY_NO_CORE}", allow_module_level=True)
+
+LLAMA = ["--model-path", "meta-llama/Llama-3.1-8B", "--gpu", "a100-sxm-80gb"]
+FILES = ("requests.jsonl", "summary.json", "timeseries.csv")
+
+
+def run(argv: list[str], on: bool, monkeypatch) -> tuple[dict[str, bytes], int]:
+    """The files a run writes, and how many runs the typed core took."""
+    monkeypatch.setattr(core, "_CORE", CORE if on else None)
+    took = []
+
+    def counting(rep):
+        took.append(1)
+        return core.run(rep)
+
+    monkeypatch.setattr(sim, "run_core", counting)
+    with tempfile.TemporaryDirectory() as tmp:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            rc = main(["simulate", *argv, "--out", tmp])
+        assert rc == 0
+        return {f: (Path(tmp) / f).read_bytes() for f in FILES}, len(took)
+
+
+def both(argv: list[str], monkeypatch) -> int:
+    typed, took = run(argv, True, monkeypatch)
+    python, none = run(argv, False, monkeypatch)
+    assert none == 0
+    for f in FILES:
+        assert typed[f] == python[f], f"{f} differs: {' '.join(argv)}"
+    return took
+
+
+def test_vidur_without_the_radix_cache(monkeypatch) -> None:
+    """Vidur's shapes on the opdb backend with the overlap loop (the speed benchmark's
+    run, radix cache off): the core runs it, the same bytes."""
+    assert both([*LLAMA, "--step-time-backend", "opdb", "--disable-radix-cache",
+                 "--workload", "arrival=poisson,rate=1.5,n=300,prompt=uniform:1000:4000,"
+                 "output=uniform:100:500"], monkeypatch) == 1
+
+
+def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
+    """The radix cache on (the default), closed-loop clients, a paged pool: the Python
+    replica runs each, and `why_not` says why."""
+    for extra in ([], ["--disable-radix-cache", "--page-size", "16"]):
+        assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
+                     "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
+                     "output=uniform:1:300"], monkeypatch) == 0
+    assert both(["--disable-radix-cache", "--workload", "finance-qa,n=80"], monkeypatch) == 0
+
+
+def test_retractions_failed_growth_and_aborted_prefills(monkeypatch) -> None:
+    """A pool so small that steps fail to grow, requests are retracted and a chunked
+    prompt's next chunk finds no room even after every retraction."""
+    assert both([*LLAMA, "--step-time-backend", "roofline", "--max-total-tokens", "6000",
+                 "--no-ignore-eos", "--disable-radix-cache", "--chunked-prefill-size", "512",
+                 "--workload", "arrival=poisson,rate=30,n=200,prompt=uniform:100:5900,"
+                 "output=uniform:1:700"], monkeypatch) == 1
+
+
+def test_rejected_and_clipped_requests(monkeypatch) -> None:
+    """Prompts at or over SGLang's input limit are rejected as they arrive, outputs beyond
+    the request length clipped (the record says so)."""
+    assert both([*LLAMA, "--step-time-backend", "roofline", "--context-length", "3000",
+                 "--disable-radix-cache", "--workload",
+                 "arrival=poisson,rate=5,n=120,prompt=uniform:100:4000,output=uniform:1:2000"],
+                monkeypatch) == 1
+
+
+@settings(max_examples=int(os.environ.get("CORE_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(backend=st.sampled_from(["roofline", "opdb"]),
+       pool=st.sampled_from([None, 6000, 12000, 40000]),
+       overlap=st.booleans(), eos=st.booleans(),
+       chunk=st.sampled_from([None, 512, 2048]),
+       horizon=st.sampled_from([None, 5.0, 20.0]),
+       rate=st.sampled_from([0.5, 2, 8, 30]), seed=st.integers(0, 5),
+       running=st.sampled_from([None, 3]))
+def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
+                                       horizon, rate, seed, running) -> None:
+    argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed),
+            "--disable-radix-cache", "--workload",
+            f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"]
+    if pool is not None:
+        argv += ["--max-total-tokens", str(pool)]
+    if overlap:
+        argv.append("--disable-overlap-schedule")
+    if eos:
+        argv.append("--no-ignore-eos")
+    if chunk is not None:
+        argv += ["--chunked-prefill-size", str(chunk)]
+    if horizon is not None:
+        argv += ["--horizon", str(horizon)]
+    if running is not None:
+        argv += ["--max-running-requests", str(running)]
+    assert both(argv, monkeypatch) == 1

@@ -1,0 +1,868 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=False
+"""The typed core (issue 14, docs/perf.md "A typed core"): one SGLang replica's whole
+scheduler loop over state it owns in C arrays, for the first coverage of the plan:
+`servetwin simulate` of one replica fed open loop, SGLang's token pool (page 1), no radix
+cache (`--disable-radix-cache`), chunked prefill on or off, the overlap loop on or off, a
+policy that keeps the queue's order (fcfs), the step-time memo. `twin/core.py` decides
+whether a run is covered; everything else runs the Python replica (twin/replica.py),
+which is this module's specification, pass by pass and float by float: each function
+below names the method it reproduces. docs/typed-core-inventory.md lists what that is.
+
+Requests are numbered in the order the scheduler takes them in, which for one replica
+fed open loop is the order of their arrivals at the scheduler (`Source`'s heap order):
+request i is `SimRequest.index` i. A request's numbers live in the arrays below; its
+`SimRequest` is built when it leaves, with the fields the Python replica would hold then,
+and handed to the replica's `finished` (a `RecordSink` or a list)."""
+
+from libc.math cimport floor, INFINITY, isnan, NAN
+from libc.string cimport memcpy
+from cpython.exc cimport PyErr_CheckSignals
+
+import builtins
+
+import numpy as np
+
+from twin.request_state import SimRequest
+
+_round = builtins.round  # Python's own rounding (the sample's columns)
+
+cdef long long CLIP = 4096  # twin.config.CLIP_MAX_NEW_TOKENS (checked by twin/core.py)
+cdef long long RETRACT_STEPS = 20  # twin.config.RETRACT_DECODE_STEPS (checked too)
+
+# add_one's / state()'s answers
+cdef enum:
+    CONTINUE = 0
+    NO_TOKEN = 1
+    OTHER = 2
+
+
+cdef inline Py_ssize_t search_left(const double* a, Py_ssize_t n, double key):
+    """numpy's `searchsorted(key, side="left")` on a[:n]."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if a[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline long long floordiv(long long a, long long b):
+    """Python's `a // b` for b > 0."""
+    if a >= 0:
+        return a // b
+    return -((-a + b - 1) // b)
+
+
+cdef class Core:
+    # the server
+    cdef long long capacity, used, oom, max_running, max_prefill, chunk, max_req_input
+    cdef long long max_req_len
+    cdef bint has_chunk, overlap, has_horizon, run_eos
+    cdef double horizon, every, next_sample
+    cdef double init_ratio, min_ratio, decay, ratio
+    # the feed: requests in the scheduler's arrival order
+    cdef Py_ssize_t n, in_lo, in_hi, known, n_left
+    cdef double fw  # the feeder's next wake-up (INFINITY: none)
+    cdef double[::1] at, sent
+    cdef list reqs
+    # per request
+    cdef long long[::1] prompt, max_new, gen, computed, private_, dec_start, retractions
+    cdef signed char[::1] eos
+    cdef double[::1] queue_entry, queued, first_admit, first_token, finish, lost
+    cdef double[::1] left_batch, round_start
+    cdef list errors, tok
+    # queues (request numbers): waiting is a ring, running a list in order
+    cdef long long[::1] wq, run_, tmp
+    cdef Py_ssize_t w_head, w_len, n_run
+    cdef long long chunked
+    # pass state
+    cdef bint batch_full, shrunk, placed_any
+    cdef double scheduled_at, pass_at  # NAN: None
+    cdef long long fl_slots, fl_tokens, fl_next_slots, fl_next_tokens
+    # counters (twin.replica_memory.Counters)
+    cdef long long prefill_steps, decode_steps, prefill_tokens, n_retractions
+    cdef double busy_s, stall_s
+    cdef long long n_dec_steps
+    # the Python side
+    cdef object rep, cache, st, finished, progress, series, end_chunks, end_blocks
+    cdef object horizon_obj, prefill_memo, stopped
+    cdef object cap
+    cdef double now
+    cdef bint now_int  # the clock is still SimPy's initial int 0
+    # admission (one pass's PrefillAdder)
+    cdef double a_total_offset
+    cdef long long a_cur_offset, a_rem_input, a_rem_chunk, a_n
+    cdef bint a_continuing
+    cdef long long a_new_chunked
+    cdef long long[::1] a_req, a_ext
+
+    def __init__(self, rep, list at, list sent, list reqs, object stopped):
+        cdef Py_ssize_t i, n = len(reqs)
+        cap = rep.cap
+        self.rep, self.cap = rep, cap
+        self.cache, self.st = rep._cache, rep.st
+        self.finished, self.progress, self.series = rep.finished, rep.progress, rep.series
+        self.end_chunks, self.end_blocks = rep._end_chunks, rep._end_blocks
+        self.prefill_memo = rep._cache._prefill
+        self.stopped = stopped
+        alloc = rep.alloc
+        self.capacity, self.used, self.oom = alloc.capacity, alloc.used, alloc._oom
+        self.max_running = cap.max_running_requests
+        self.max_prefill = cap.max_prefill_tokens
+        self.has_chunk = cap.chunked_prefill_size is not None
+        self.chunk = cap.chunked_prefill_size if self.has_chunk else 0
+        self.max_req_input = cap.max_req_input_len
+        self.max_req_len = min(cap.context_len, cap.max_total_num_tokens)
+        self.overlap = rep.freed_later is not None
+        self.horizon_obj = rep.horizon
+        self.has_horizon = rep.horizon is not None
+        self.horizon = rep.horizon if self.has_horizon else INFINITY
+        self.every, self.next_sample = rep._sample_every, rep._next_sample
+        self.init_ratio, self.min_ratio = rep.init_ratio, rep.min_ratio
+        self.decay, self.ratio = rep.ratio_decay, rep.new_token_ratio
+        self.run_eos = rep.ignore_eos
+        self.n = n
+        self.at = np.array(at, dtype=np.float64)
+        self.sent = np.array(sent, dtype=np.float64)
+        self.reqs = reqs
+        self.prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
+        self.max_new = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+        self.gen = np.zeros(n, dtype=np.int64)
+        self.computed = np.zeros(n, dtype=np.int64)
+        self.private_ = np.zeros(n, dtype=np.int64)
+        self.retractions = np.zeros(n, dtype=np.int64)
+        self.dec_start = np.full(n, -1, dtype=np.int64)
+        self.eos = np.zeros(n, dtype=np.int8)
+        self.queue_entry = np.zeros(n)
+        self.queued = np.zeros(n)
+        self.lost = np.zeros(n)
+        self.first_admit = np.full(n, NAN)
+        self.first_token = np.full(n, NAN)
+        self.finish = np.full(n, NAN)
+        self.left_batch = np.full(n, NAN)
+        self.round_start = np.full(n, NAN)
+        self.errors = [""] * n
+        self.tok = [None] * n
+        self.wq = np.zeros(max(n, 1), dtype=np.int64)
+        self.run_ = np.zeros(max(n, 1), dtype=np.int64)
+        self.tmp = np.zeros(max(n, 1), dtype=np.int64)
+        self.a_req = np.zeros(max(n, 1) + 1, dtype=np.int64)
+        self.a_ext = np.zeros(max(n, 1) + 1, dtype=np.int64)
+        self.chunked = -1
+        self.scheduled_at = NAN
+        self.pass_at = 0.0
+        self.n_dec_steps = rep.n_dec_steps
+        c = rep.counters
+        self.prefill_steps, self.decode_steps = c.prefill_steps, c.decode_steps
+        self.prefill_tokens, self.n_retractions = c.prefill_tokens, c.retractions
+        self.busy_s, self.stall_s = c.busy_s, c.stall_s
+        self.now = rep.env.now
+        self.now_int = type(rep.env.now) is int
+        # the feeder (Deployment.run), started at time 0 before the replica
+        self.fw = INFINITY
+        self.feeder_next(self.now)
+
+    # ---- the feed (Deployment.run / pump, Source) -------------------------------------
+    cdef void feeder_next(self, double f):
+        """The feeder at time f decides its next wake-up: `timeout(max(nxt - now, 0))`,
+        none when the source is exhausted or the next send is at or past the horizon."""
+        cdef double nxt
+        if self.in_hi >= self.n:
+            self.fw = INFINITY
+            return
+        nxt = self.at[self.in_hi]
+        if self.has_horizon and nxt >= self.horizon:
+            self.fw = INFINITY
+            return
+        self.fw = f + (nxt - f if nxt - f > 0.0 else 0.0)
+
+    cdef bint feeder_fire(self):
+        """The feeder's wake-up at `fw`: pump what is due; True when it sent anything."""
+        cdef double f = self.fw
+        cdef Py_ssize_t before = self.in_hi
+        while self.in_hi < self.n and self.at[self.in_hi] <= f:
+            self.in_hi += 1
+        self.feeder_next(f)
+        return self.in_hi > before
+
+    cdef void catch_up(self, double now):
+        """Every feeder wake-up at or before `now` happens first (same-time order does
+        not change what a pass sees), then the replica's own pump."""
+        while self.fw <= now:
+            self.feeder_fire()
+        while self.in_hi < self.n and self.at[self.in_hi] <= now:
+            self.in_hi += 1
+
+    cdef inline object next_arrival(self):
+        if self.in_hi < self.n:
+            return self.at[self.in_hi]
+        return None
+
+    # ---- leaving (Replica._leave, _close_tokens, _finish) ------------------------------
+    cdef object simreq(self, long long i):
+        """The request's SimRequest as the Python replica holds it when it leaves."""
+        r = SimRequest(self.reqs[i], self.sent[i], i)
+        r.queue_entry_s = self.queue_entry[i]
+        r.ignore_eos = self.eos[i] != 0
+        r.max_new_tokens = self.max_new[i]
+        r.generated_tokens = self.gen[i]
+        r.computed = self.computed[i]
+        r.private = self.private_[i]
+        r.retractions = self.retractions[i]
+        r.dec_start = self.dec_start[i]
+        if not isnan(self.first_admit[i]):
+            r.first_admit_s = self.first_admit[i]
+        r.queued_s = self.queued[i]
+        if not isnan(self.first_token[i]):
+            r.first_token_s = self.first_token[i]
+        r.lost_s = self.lost[i]
+        if not isnan(self.left_batch[i]):
+            r.left_batch_s = self.left_batch[i]
+        if not isnan(self.round_start[i]):
+            r.round_start_s = self.round_start[i]
+        t = self.tok[i]
+        if t is not None:
+            r.tok_events = t
+        r.error = self.errors[i]
+        return r
+
+    cdef void close_tokens(self, long long i):
+        if self.dec_start[i] >= 0:
+            t = self.tok[i]
+            if t is None:
+                t = self.tok[i] = []
+            t.append((self.dec_start[i], self.n_dec_steps))
+            self.dec_start[i] = -1
+
+    cdef int leave(self, long long i, str status, str error) except -1:
+        r = self.simreq(i)
+        r.status, r.error = status, error
+        r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
+        self.finished.append(r)
+        self.n_left += 1
+        return 0
+
+    cdef int finish_one(self, long long i, double now) except -1:
+        self.close_tokens(i)
+        self.used -= self.private_[i]  # _release_kv
+        self.private_[i] = 0
+        self.finish[i] = now
+        self.leave(i, "ok", self.errors[i])
+        return 0
+
+    # ---- arrivals (Replica._pull_arrivals, _seen_by, _validate) ------------------------
+    cdef int pull(self, double now) except -1:
+        cdef Py_ssize_t lo, hi, take, i
+        cdef double cutoff = self.scheduled_at, recv
+        cdef long long room
+        self.catch_up(now)
+        self.scheduled_at = NAN
+        self.pass_at = now
+        lo, hi = self.in_lo, self.in_hi
+        if lo == hi:
+            self.known = 0
+            return 0
+        take = hi - lo
+        if self.overlap and not isnan(cutoff):
+            if self.known < take:
+                take = self.known
+        if self.overlap:
+            self.known = (hi - lo) - take
+        recv = now if isnan(cutoff) else cutoff
+        self.in_lo = lo + take
+        for i in range(lo, lo + take):
+            self.queue_entry[i] = recv
+            req = self.reqs[i]
+            e = req.ignore_eos
+            self.eos[i] = (self.run_eos if e is None else bool(e))
+            if self.prompt[i] >= self.max_req_input:
+                cap = self.cap
+                self.leave(i, "rejected", f"prompt of {self.prompt[i]} tokens exceeds SGLang's "
+                           f"max_req_input_len {cap.max_req_input_len} (context_len "
+                           f"{cap.context_len}, max_total_num_tokens "
+                           f"{cap.max_total_num_tokens})")
+                continue
+            room = self.max_req_len - self.prompt[i] - 1
+            if self.max_new[i] > room:
+                self.errors[i] = (f"max_new_tokens clipped by SGLang from {self.max_new[i]} to "
+                                  f"{room} (max_req_len {self.max_req_len})")
+                self.max_new[i] = room
+            self.w_append(i)
+        return 0
+
+    cdef inline void w_append(self, long long i):
+        cdef Py_ssize_t cap = self.wq.shape[0]
+        self.wq[(self.w_head + self.w_len) % cap] = i
+        self.w_len += 1
+
+    cdef inline long long w_at(self, Py_ssize_t j):
+        return self.wq[(self.w_head + j) % self.wq.shape[0]]
+
+    # ---- memory -----------------------------------------------------------------------
+    cdef inline long long room(self):
+        return self.capacity - self.used - self.fl_tokens
+
+    cdef inline bint take_kv(self, long long n):
+        """`_take_kv` on a token pool without a radix cache."""
+        if n <= 0:
+            return True
+        if n > self.capacity - self.used:
+            self.oom += 1
+            return False
+        self.used += n
+        return True
+
+    cdef int release_to_queue(self, long long i) except -1:
+        """`_release_to_queue(r, preempted=False)`: a retraction."""
+        self.close_tokens(i)
+        self.used -= self.private_[i]
+        self.private_[i] = 0
+        self.computed[i] = 0
+        self.round_start[i] = NAN
+        self.left_batch[i] = self.now
+        self.queue_entry[i] = self.now
+        self.retractions[i] += 1
+        self.n_retractions += 1
+        self.w_append(i)
+        return 0
+
+    cdef int make_room(self, long long n) except -1:
+        """`_make_room`: retract the first of the fewest generated (longest prompt) until
+        n tokens fit."""
+        cdef Py_ssize_t j, best
+        cdef long long v
+        while self.n_run > 0:
+            best = 0
+            for j in range(1, self.n_run):
+                v = self.run_[j]
+                if (self.gen[v] < self.gen[self.run_[best]] or self.gen[v] == self.gen[self.run_[best]]
+                        and self.prompt[v] > self.prompt[self.run_[best]]):
+                    best = j
+            v = self.run_[best]
+            for j in range(best, self.n_run - 1):
+                self.run_[j] = self.run_[j + 1]
+            self.n_run -= 1
+            self.release_to_queue(v)
+            self.shrunk = True
+            if self.take_kv(n):
+                return 1
+        return 1 if self.take_kv(n) else 0
+
+    cdef int retract(self) except -1:
+        """`_retract`: the running batch sorted by (generated, -prompt) descending, stable;
+        pop the last until the rest can decode a step."""
+        cdef Py_ssize_t m = self.n_run, j, k
+        cdef long long v, gsum, msum
+        cdef bint first = True
+        # order = sorted(running, key, reverse=True), stable: an insertion sort that keeps
+        # equal keys in running order
+        for j in range(m):
+            self.tmp[j] = self.run_[j]
+        for j in range(1, m):
+            v = self.tmp[j]
+            k = j - 1
+            while k >= 0 and (self.gen[self.tmp[k]] < self.gen[v] or (
+                    self.gen[self.tmp[k]] == self.gen[v]
+                    and -self.prompt[self.tmp[k]] < -self.prompt[v])):
+                self.tmp[k + 1] = self.tmp[k]
+                k -= 1
+            self.tmp[k + 1] = v
+        while first or floordiv(self.room(), m) < 1:
+            first = False
+            if m == 1:
+                m = 0
+                v = self.tmp[0]
+                self.close_tokens(v)
+                self.used -= self.private_[v]
+                self.private_[v] = 0
+                self.leave(v, "aborted", "KV cache too small to decode even this "
+                           "request alone")
+                break
+            m -= 1
+            self.release_to_queue(self.tmp[m])
+        # running keeps the members of order, in running order
+        k = 0
+        for j in range(self.n_run):
+            v = self.run_[j]
+            if self.in_order(v, m):
+                self.run_[k] = v
+                k += 1
+        self.n_run = k
+        self.shrunk = True
+        if m:
+            gsum = 0
+            msum = 0
+            for j in range(m):
+                gsum += self.gen[self.tmp[j]]
+                msum += self.max_new[self.tmp[j]]
+            self.ratio = min(1.0, <double>(gsum + RETRACT_STEPS * m) / <double>(msum + 1))
+        return 0
+
+    cdef bint in_order(self, long long v, Py_ssize_t m):
+        cdef Py_ssize_t j
+        for j in range(m):
+            if self.tmp[j] == v:
+                return True
+        return False
+
+    # ---- admission (Replica._schedule_prefill with twin/admission.py's Adder) ----------
+    cdef inline double rem_total(self):
+        return <double>self.room() - self.a_total_offset
+
+    cdef int a_state(self):
+        if self.rem_total() <= 0 or self.room() - self.a_cur_offset <= 0:
+            return NO_TOKEN
+        if self.a_rem_input <= 0 or (self.has_chunk and self.a_rem_chunk <= 0):
+            return OTHER
+        return CONTINUE
+
+    cdef inline void a_take(self, long long extend, long long future):
+        self.a_total_offset += <double>(extend + future)
+        self.a_cur_offset += extend
+        self.a_rem_input -= extend
+        if self.has_chunk:
+            self.a_rem_chunk -= extend
+
+    cdef inline void a_append(self, long long i, long long ext):
+        self.a_req[self.a_n] = i
+        self.a_ext[self.a_n] = ext
+        self.a_n += 1
+
+    cdef int add_one(self, long long i):
+        cdef long long left = self.max_new[i] - self.gen[i], future, extend, total, trunc
+        future = left if left > 0 else 0
+        if future > CLIP:
+            future = CLIP
+        extend = self.prompt[i] + self.gen[i]
+        total = extend + future
+        if <double>total >= self.rem_total():
+            return NO_TOKEN
+        if extend >= self.a_rem_input and self.a_n > 0:
+            return OTHER
+        if not self.has_chunk or extend <= self.a_rem_chunk:
+            self.a_append(i, extend)
+            self.a_take(extend, future)
+        else:
+            trunc = self.a_rem_chunk
+            if trunc <= 0 or self.a_continuing:
+                return OTHER
+            self.a_append(i, trunc)
+            self.a_new_chunked = i
+            self.a_take(trunc, 0)
+        return self.a_state()
+
+    cdef double reserved_sum(self):
+        """`Adder._reserved_sum`: sum(min(left, clip) * ratio) in running order (1.0 for
+        an ignore_eos request), from an int 0."""
+        cdef Py_ssize_t j
+        cdef long long v, left, isum = 0
+        cdef bint all_eos = True
+        cdef double s = 0.0
+        if self.n_run == 0:
+            return 0.0
+        for j in range(self.n_run):
+            if not self.eos[self.run_[j]]:
+                all_eos = False
+                break
+        if all_eos:  # a sum of whole numbers: exact in any order
+            for j in range(self.n_run):
+                v = self.run_[j]
+                left = self.max_new[v] - self.gen[v]
+                isum += left if left < CLIP else CLIP
+            return <double>isum
+        for j in range(self.n_run):
+            v = self.run_[j]
+            left = self.max_new[v] - self.gen[v]
+            if left > CLIP:
+                left = CLIP
+            s += <double>left * (1.0 if self.eos[v] else self.ratio)
+        return s
+
+    cdef bint schedule(self):
+        """`_schedule_prefill` for fcfs: fills a_req/a_ext (a_n of them); False: none."""
+        cdef Py_ssize_t j, held
+        cdef long long i, left, rem, ext, fut
+        cdef bint truncated, had_chunked = self.chunked >= 0
+        cdef int res
+        if self.chunked >= 0:
+            self.batch_full = False
+        elif self.w_len == 0 or self.batch_full:
+            return False
+        held = self.fl_slots
+        if self.n_run + held >= self.max_running and self.chunked < 0:
+            self.batch_full = True
+            return False
+        self.a_total_offset = 0 + self.reserved_sum()
+        self.a_cur_offset = 0
+        self.a_rem_input = self.max_prefill
+        self.a_rem_chunk = self.chunk
+        self.a_n = 0
+        self.a_new_chunked = -1
+        self.a_continuing = False
+        if self.chunked >= 0:  # Adder.add_chunked(chunked, None)
+            i = self.chunked
+            left = self.prompt[i] + self.gen[i] - self.computed[i]
+            rem = self.a_rem_chunk
+            truncated = self.has_chunk and left > rem
+            ext = (left if left < rem else rem) if self.has_chunk else left
+            self.a_append(i, ext)
+            fut = self.max_new[i] - self.gen[i]
+            if fut > CLIP:
+                fut = CLIP
+            self.a_take(ext, 0 if truncated else fut)
+            self.a_continuing = truncated
+            self.chunked = i if truncated else -1
+        for j in range(self.w_len):
+            i = self.w_at(j)
+            if self.a_n + self.n_run + held >= self.max_running:
+                self.batch_full = True
+                break
+            res = self.add_one(i)
+            if res != CONTINUE:
+                if res == NO_TOKEN:
+                    self.batch_full = True
+                break
+        if self.a_new_chunked >= 0:
+            self.chunked = self.a_new_chunked
+        if self.a_n == 0:
+            return False
+        # the admitted are the queue's head (the chunked request, if any, came first)
+        j = self.a_n - (1 if had_chunked else 0)
+        self.w_head = (self.w_head + j) % self.wq.shape[0]
+        self.w_len -= j
+        return True
+
+    # ---- prefill (Replica._run_prefill, _prefill_done, _join_running) -------------------
+    cdef int run_prefill(self) except -1:
+        cdef Py_ssize_t j, m = 0
+        cdef long long i, ext, tokens = 0
+        cdef double now = self.now, dur, end
+        cdef long long before
+        self.scheduled_at = self.pass_at if self.overlap else NAN
+        # place each (a_req/a_ext are compacted to the placed ones)
+        for j in range(self.a_n):
+            i = self.a_req[j]
+            ext = self.a_ext[j]
+            if self.computed[i] == 0:
+                self.computed[i] = 0
+                if isnan(self.first_admit[i]):
+                    self.first_admit[i] = now
+                self.queued[i] += now - self.queue_entry[i]
+            if not self.take_kv(ext) and not self.make_room(ext):
+                if i == self.chunked:
+                    self.chunked = -1
+                self.used -= self.private_[i]
+                self.private_[i] = 0
+                self.leave(i, "aborted", "prefill out of memory: the KV pool cannot hold "
+                           "the next chunk even after retracting every running request")
+                continue
+            self.private_[i] += ext
+            self.a_req[m] = i
+            self.a_ext[m] = ext
+            m += 1
+        self.a_n = m
+        self.placed_any = m > 0
+        if m == 0:
+            return 0
+        chunks = []
+        for j in range(m):
+            i = self.a_req[j]
+            chunks.append((self.a_ext[j], self.computed[i]))
+            tokens += self.a_ext[j]
+        self.prefill_tokens += tokens
+        key = tuple(chunks)
+        t = self.prefill_memo.get(key)
+        if t is None:
+            t = self.cache.prefill(chunks)
+        dur = <double>t + 0.0
+        self.prefill_steps += 1
+        self.busy_s += dur
+        self.now = now + dur
+        self.now_int = False
+        end = self.now
+        for j in range(m):
+            i = self.a_req[j]
+            self.computed[i] += self.a_ext[j]
+            if i == self.chunked:
+                continue
+            # _prefill_done
+            self.gen[i] += 1
+            tl = self.tok[i]
+            if tl is None:
+                tl = self.tok[i] = []
+            tl.append(end)
+            if isnan(self.first_token[i]):
+                self.first_token[i] = end
+            if self.max_new[i] - self.gen[i] <= 0:
+                self.shrunk = True
+                before = self.room()
+                self.finish_one(i, end)
+                if self.overlap:
+                    self.fl_add(1, self.room() - before)
+            else:
+                self.join_running(i, end)
+        return 0
+
+    cdef inline void fl_add(self, long long slots, long long tokens):
+        self.fl_next_slots += slots
+        self.fl_next_tokens += tokens if tokens > 0 else 0
+
+    cdef inline void join_running(self, long long i, double now):
+        self.dec_start[i] = self.n_dec_steps
+        self.round_start[i] = now
+        if not isnan(self.left_batch[i]):
+            self.lost[i] += now - self.left_batch[i]
+            self.left_batch[i] = NAN
+        self.run_[self.n_run] = i
+        self.n_run += 1
+
+    # ---- decode (Replica._run_decode, _next_boundary, _finish_done) --------------------
+    cdef int run_decode(self) except -1:
+        cdef Py_ssize_t b = self.n_run, j, n, kk
+        cdef long long i, fewest = 0, left, kv0 = 0, k, k_mem, room
+        cdef double now = self.now, limit, t, dur, end_k
+        cdef double[::1] tv
+        cdef double[::1] ev
+        self.scheduled_at = self.pass_at if self.overlap else NAN
+        room = self.room()
+        k_mem = floordiv(room, b)
+        for j in range(b):
+            i = self.run_[j]
+            left = self.max_new[i] - self.gen[i]
+            if j == 0 or left < fewest:
+                fewest = left
+            kv0 += self.prompt[i] + self.gen[i]
+        k = k_mem if k_mem > 1 else 1
+        if fewest < k:
+            k = fewest
+        # _next_boundary(arrivals=True)
+        limit = self.next_sample
+        if self.has_horizon and self.horizon < limit:
+            limit = self.horizon
+        if self.overlap and (self.fl_slots or self.fl_tokens) and (
+                self.w_len or self.chunked >= 0) and now < limit:
+            limit = now
+        if self.overlap and self.in_lo < self.in_hi and now < limit:
+            limit = now
+        if not self.batch_full and self.in_hi < self.n and self.at[self.in_hi] < limit:
+            limit = self.at[self.in_hi]
+        if <double>(kv0 + b * (k - 1)) / <double>b <= <double>self.cache.quiet:
+            times = self.cache.run(b, kv0, k, limit - now)
+            k = len(times)
+        else:
+            times = self.rep._decode_times(b, kv0, k)
+            if k > 1:
+                bound = int((limit - now) / float(times[0])) + 1
+                if bound < k:
+                    k = bound
+                    times = times[:bound]
+        tv = np.ascontiguousarray(times, dtype=np.float64)
+        n = tv.shape[0]
+        ends = np.empty(n)
+        ev = ends
+        t = tv[0]
+        ev[0] = t
+        for j in range(1, n):
+            t = t + tv[j]
+            ev[j] = t
+        for j in range(n):
+            ev[j] = ev[j] + now
+        if ev[n - 1] > limit:
+            kk = search_left(&ev[0], n, limit) + 1
+            if kk > n:
+                kk = n
+            k = kk
+        # _grow_decoders on a token pool
+        if b * k > self.capacity - self.used:
+            self.oom += 1
+            self.retract()
+            return 0
+        self.used += b * k
+        part = ends[:k] if k < n else ends
+        chunks = self.end_chunks
+        chunks.append(part)
+        if len(chunks) > 4096:
+            last = len(chunks) - 1
+            self.end_blocks.append(np.concatenate(chunks[:last]))
+            del chunks[:last]
+        self.n_dec_steps += k
+        end_k = ev[k - 1]
+        dur = end_k - now + 0.0
+        self.stall_s += 0.0
+        self.decode_steps += k
+        self.busy_s += dur
+        t = self.ratio - <double>k * self.decay
+        self.ratio = self.min_ratio if self.min_ratio > t else t
+        for j in range(b):
+            i = self.run_[j]
+            self.gen[i] += k
+            self.private_[i] += k
+        self.now = now + dur
+        self.now_int = False
+        if k >= fewest:
+            self.finish_done(self.now)
+        return 0
+
+    cdef int finish_done(self, double now) except -1:
+        cdef Py_ssize_t j, m = 0, nd = 0
+        cdef long long i, before
+        for j in range(self.n_run):
+            i = self.run_[j]
+            if self.gen[i] >= self.max_new[i]:
+                self.tmp[nd] = i
+                nd += 1
+            else:
+                self.run_[m] = i
+                m += 1
+        if nd == 0:
+            return 0
+        self.n_run = m
+        self.shrunk = True
+        before = self.room()
+        for j in range(nd):
+            self.finish_one(self.tmp[j], now)
+        if self.overlap:
+            self.fl_add(nd, self.room() - before)
+        return 0
+
+    # ---- observation (Replica._sample) -----------------------------------------------
+    cdef int sample(self, double now) except -1:
+        cdef object t = now
+        if self.now_int:  # SimPy's clock starts as the int 0
+            t = 0
+        self.series.append((_round(t, 6), self.n_run, self.w_len, self.used, self.used,
+                            self.capacity - self.used, 0, _round(self.ratio, 4), 0.0, 0.0))
+        self.next_sample = (floor(now / self.every) + 1.0) * self.every
+        if self.progress is not None:
+            self.progress(len(self.finished), t)
+        return 0
+
+    # ---- the loop (Replica.run) -------------------------------------------------------
+    def run(self):
+        """The whole run; True when stopped by Ctrl-C (the `stopped` list filled by the
+        caller's signal handler), the state then whole between passes."""
+        cdef double now, same_t = -1.0, wake, f
+        cdef long long spins = 0, passes = 0
+        cdef bint freed
+        cdef Py_ssize_t j
+        stopped = self.stopped
+        try:
+            while True:
+                passes += 1
+                if (passes & 255) == 0:
+                    PyErr_CheckSignals()
+                    if stopped:
+                        return True
+                now = self.now
+                spins = spins + 1 if now == same_t else 0
+                same_t = now
+                if spins > 100_000:
+                    raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes "
+                                       f"without time advancing ({self.w_len} waiting, "
+                                       f"{self.n_run} running)")
+                self.pull(now)
+                if self.overlap:  # FreedLater.turn
+                    freed = self.fl_slots != 0 or self.fl_tokens != 0
+                    self.fl_slots, self.fl_tokens = self.fl_next_slots, self.fl_next_tokens
+                    self.fl_next_slots = self.fl_next_tokens = 0
+                    if freed:
+                        self.batch_full = False
+                if now >= self.next_sample:
+                    self.sample(now)
+                if self.has_horizon and now >= self.horizon:
+                    break
+                if self.shrunk:
+                    self.shrunk = False
+                    self.batch_full = False
+                if self.schedule():
+                    self.run_prefill()
+                    if not self.placed_any and self.n_run:
+                        self.run_decode()
+                elif self.n_run:
+                    self.run_decode()
+                elif self.overlap and (self.fl_slots or self.fl_tokens):  # FreedLater.release
+                    self.fl_slots = self.fl_tokens = 0
+                    self.batch_full = False
+                    continue
+                else:
+                    self.batch_full = False
+                    self.ratio = self.init_ratio
+                    if self.in_lo < self.in_hi:
+                        continue
+                    if self.w_len or self.chunked >= 0:
+                        if self.in_hi >= self.n:  # feed.next_arrival() is None
+                            self.reject_stuck()
+                            continue
+                    elif self.in_hi >= self.n and self.n_left == self.in_hi:  # feed.done()
+                        break
+                    # _idle: until the feeder sends something, or the horizon
+                    wake = INFINITY
+                    if self.has_horizon:
+                        wake = now + (self.horizon - now if self.horizon - now > 0.0 else 0.0)
+                    while self.fw < wake:
+                        f = self.fw
+                        if self.feeder_fire():
+                            wake = f
+                            break
+                    if wake == INFINITY:
+                        raise RuntimeError(f"the typed core found nothing to wake an idle "
+                                           f"replica at t={now}")
+                    self.now = wake
+                    self.now_int = False
+            self.end()
+            return False
+        finally:
+            self.write_back()
+
+    cdef int reject_stuck(self) except -1:
+        cdef long long i = self.w_at(0)
+        cdef long long left = self.max_new[i] - self.gen[i]
+        self.w_head = (self.w_head + 1) % self.wq.shape[0]
+        self.w_len -= 1
+        self.leave(i, "aborted", f"could not be admitted into an idle server: needs "
+                   f"{self.prompt[i] + self.gen[i]} + {left if left < CLIP else CLIP} "
+                   f"tokens, KV room {self.capacity - self.used}")
+        return 0
+
+    cdef int end(self) except -1:
+        """`Replica._end`: what is inside leaves aborted, then what was never taken in."""
+        cdef Py_ssize_t j
+        cdef long long i
+        msg = f"simulation horizon {self.horizon_obj}s reached"
+        for j in range(self.n_run):
+            i = self.run_[j]
+            self.close_tokens(i)
+            self.leave(i, "aborted", msg)
+        if self.chunked >= 0:
+            self.close_tokens(self.chunked)
+            self.leave(self.chunked, "aborted", msg)
+        for j in range(self.w_len):
+            i = self.w_at(j)
+            self.close_tokens(i)
+            self.leave(i, "aborted", msg)
+        self.n_run = self.w_len = 0
+        self.chunked = -1
+        msg = f"not sent before the horizon {self.horizon_obj}s"
+        for i in range(self.in_lo, self.n):
+            r = SimRequest(self.reqs[i], self.sent[i], i)
+            r.status, r.error, r.finish_s = "aborted", msg, self.now
+            self.finished.append(r)
+            self.n_left += 1
+        self.in_lo = self.in_hi = self.n
+        return 0
+
+    cdef void write_back(self):
+        """The replica's own fields, as the Python loop would leave them."""
+        rep = self.rep
+        rep.env._now = self.now
+        rep.alloc.used = self.used
+        rep.alloc._oom = self.oom
+        rep.n_dec_steps = self.n_dec_steps
+        rep.new_token_ratio = self.ratio
+        rep._next_sample = self.next_sample
+        c = rep.counters
+        c.prefill_steps, c.decode_steps = self.prefill_steps, self.decode_steps
+        c.prefill_tokens, c.retractions = self.prefill_tokens, self.n_retractions
+        c.busy_s, c.stall_s = self.busy_s, self.stall_s

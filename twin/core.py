@@ -1,0 +1,90 @@
+"""The typed core's switch (issue 14): whether a run is inside its coverage, and running
+it there. twin/_corec.pyx is one SGLang replica's whole scheduler loop over state in C
+arrays; the Python replica (twin/replica.py) is its specification and runs everything
+else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
+
+The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
+replica fed open loop (no fleet, no faults, no bench_serving warm-up, no closed-loop
+clients), SGLang's token pool with page 1, no radix cache (`--disable-radix-cache`), no
+mixed chunks, no priority scheduling, no host tier, swap or defragmentation, a policy
+whose every answer is the queue as it is (fcfs), the step-time memo over a model whose
+answers never change, no step log, no per-pass integrity checks. `why_not` names the
+first thing outside it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from twin import config as C
+from twin.compiled import load
+from twin.decider import PolicyDecider
+from twin.memory import TokenPool
+from twin.policy.base import Policy
+
+_CORE, WHY_NO_CORE = load("_corec", "typed core")
+
+
+def why_not(rep, workload) -> str | None:
+    """None when `rep` (a replica built by twin/sim.py `build_replica`, not yet run) fed
+    by `workload` is inside the typed core's coverage; else what is outside it."""
+    if _CORE is None:
+        return WHY_NO_CORE or "the typed core is switched off"
+    if os.environ.get("SERVETWIN_PYTHON_LOOP"):
+        return "SERVETWIN_PYTHON_LOOP is set"
+    if C.CLIP_MAX_NEW_TOKENS != 4096 or C.RETRACT_DECODE_STEPS != 20:
+        return "SGLang's constants differ from the core's"
+    feed = rep.feed
+    src = getattr(feed, "source", None)
+    args = rep.args
+    pol = rep.policy
+    checks = (
+        (rep.tree is not None, "the radix cache is on"),
+        (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
+        (args.enable_mixed_chunk, "--enable-mixed-chunk"),
+        (args.enable_hierarchical_cache, "the host tier"),
+        (rep.preempt or rep.slice_s, "preemption or time slices"),
+        (type(rep.decider) is not PolicyDecider or rep.decider.log is not None,
+         "an outside or logged decider"),
+        (not pol.keeps_queue_order() or pol.chunks or pol.preempts_for_kv
+         or type(pol).wants_prefix_match is not Policy.wants_prefix_match
+         or getattr(pol, "chunk_limit", None) is not None, f"the policy {pol.name}"),
+        (rep.swap.min_tokens is not None or rep.defrag.enabled, "swap or defragmentation"),
+        (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
+        (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
+        (src is None or len(feed.replicas) != 1 or feed.fleet or feed.faults
+         or not src.open_loop or workload.clients == "bench" or feed._retry_at,
+         "not one replica fed open loop"),
+        (rep._stall or rep.env.now != 0.0 or rep._n_seen or rep.waiting or rep.running,
+         "a replica that already ran"),
+    )
+    for bad, why in checks:
+        if bad:
+            return why
+    return None
+
+
+def run(rep) -> bool:
+    """Run `rep` (inside the coverage: `why_not` is None) to its end in the typed core;
+    its `finished`, `series`, counters, allocator and timeline end as the Python loop
+    leaves them. True when Ctrl-C stopped it (between passes: every request is whole;
+    the caller records the unfinished ones, as twin/interrupt.py's callers do)."""
+    src = rep.feed.source
+    ready = sorted(src._ready)  # (arrival at the scheduler, seq, request): heap order
+    at = [t for t, _, _ in ready]
+    sent = [src._sent.get(seq, t) for t, seq, _ in ready]
+    reqs = [req for _, _, req in ready]
+    stopped: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    handles = threading.current_thread() is threading.main_thread() and \
+        previous not in (signal.SIG_IGN, None)
+    if handles:
+        signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
+    try:
+        return _CORE.Core(rep, at, sent, reqs, stopped).run()
+    except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
+        return True
+    finally:
+        if handles:
+            signal.signal(signal.SIGINT, previous)
