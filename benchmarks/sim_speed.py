@@ -40,6 +40,9 @@ WORKLOADS = {
                         "--workload", VIDUR.format(rate=1.5, n=n)],
     "h100": lambda n: [*LLAMA, "--gpu", "h100-sxm-80gb", "--step-time-backend", "opdb",
                        "--workload", VIDUR.format(rate=5, n=n)],
+    # the same without the radix cache: the typed core's coverage (twin/core.py)
+    "vidur-noradix": lambda n: [*WORKLOADS["vidur"](n), "--disable-radix-cache"],
+    "h100-noradix": lambda n: [*WORKLOADS["h100"](n), "--disable-radix-cache"],
     # the users' 50 clients for n requests; the bare preset (the default run) at its 600
     "finance-qa": lambda n: ["--workload", "finance-qa" if n == 600 else f"finance-qa,n={n}"],
     "finance-qa-lpm": lambda n: [*WORKLOADS["finance-qa"](n), "--schedule-policy", "lpm"],

@@ -24,8 +24,12 @@ import numpy as np
 
 from twin.request_state import SimRequest
 
+from twin.perf.step_cache import BLOCK as _BLOCK
+
+_new = object.__new__
 _round = builtins.round  # Python's own rounding (the sample's columns)
 
+cdef long long BLOCK = _BLOCK
 cdef long long CLIP = 4096  # twin.config.CLIP_MAX_NEW_TOKENS (checked by twin/core.py)
 cdef long long RETRACT_STEPS = 20  # twin.config.RETRACT_DECODE_STEPS (checked too)
 
@@ -70,7 +74,8 @@ cdef class Core:
     # per request
     cdef long long[::1] prompt, max_new, gen, computed, private_, dec_start, retractions
     cdef signed char[::1] eos
-    cdef double[::1] queue_entry, queued, first_admit, first_token, finish, lost
+    cdef long long[::1] arrival_work
+    cdef double[::1] entered, queue_entry, queued, first_admit, first_token, finish, lost
     cdef double[::1] left_batch, round_start
     cdef list errors, tok
     # queues (request numbers): waiting is a ring, running a list in order
@@ -87,7 +92,11 @@ cdef class Core:
     cdef long long n_dec_steps
     # the Python side
     cdef object rep, cache, st, finished, progress, series, end_chunks, end_blocks
-    cdef object horizon_obj, prefill_memo, stopped
+    cdef object horizon_obj, prefill_memo, stopped, blocks
+    cdef double quiet
+    # the memo block the last decode run read: (b, r, q) and its steps
+    cdef long long lb, lr, lq
+    cdef double[::1] lbv
     cdef object cap
     cdef double now
     cdef bint now_int  # the clock is still SimPy's initial int 0
@@ -106,6 +115,9 @@ cdef class Core:
         self.finished, self.progress, self.series = rep.finished, rep.progress, rep.series
         self.end_chunks, self.end_blocks = rep._end_chunks, rep._end_blocks
         self.prefill_memo = rep._cache._prefill
+        self.blocks = rep._cache._blocks
+        self.quiet = rep._cache.quiet
+        self.lb = -1
         self.stopped = stopped
         alloc = rep.alloc
         self.capacity, self.used, self.oom = alloc.capacity, alloc.used, alloc._oom
@@ -136,6 +148,8 @@ cdef class Core:
         self.dec_start = np.full(n, -1, dtype=np.int64)
         self.eos = np.zeros(n, dtype=np.int8)
         self.queue_entry = np.zeros(n)
+        self.entered = np.zeros(n)
+        self.arrival_work = np.zeros(n, dtype=np.int64)
         self.queued = np.zeros(n)
         self.lost = np.zeros(n)
         self.first_admit = np.full(n, NAN)
@@ -202,30 +216,52 @@ cdef class Core:
 
     # ---- leaving (Replica._leave, _close_tokens, _finish) ------------------------------
     cdef object simreq(self, long long i):
-        """The request's SimRequest as the Python replica holds it when it leaves."""
-        r = SimRequest(self.reqs[i], self.sent[i], i)
+        """The request's SimRequest as the Python replica holds it when it leaves, every
+        slot set (built without `__init__`: `head`, the key a policy's view reads, is None,
+        as `view_cache` is at a leave: no decision sees the request again)."""
+        cdef double x
+        req = self.reqs[i]
+        r = _new(SimRequest)
+        r.req = req
+        r.rid = req.rid
+        r.priority = req.priority
+        r.arrival_s = self.sent[i]
         r.queue_entry_s = self.queue_entry[i]
-        r.ignore_eos = self.eos[i] != 0
+        r.entered_s = self.entered[i]
+        r.prompt_tokens = req.prompt_tokens
         r.max_new_tokens = self.max_new[i]
         r.generated_tokens = self.gen[i]
+        r.prefix_len = 0
+        r.index = i
+        r.ignore_eos = self.eos[i] != 0
+        r.arrival_work = self.arrival_work[i]
+        r.head = None
+        r.cached_tokens = 0
+        r.retractions = self.retractions[i]
+        r.preemptions = 0
+        r.status = ""
+        r.error = self.errors[i]
+        x = self.first_admit[i]
+        r.first_admit_s = None if isnan(x) else x
+        r.queued_s = self.queued[i]
+        x = self.first_token[i]
+        r.first_token_s = None if isnan(x) else x
+        r.finish_s = None
+        t = self.tok[i]
+        r.tok_events = [] if t is None else t
+        r.dec_start = self.dec_start[i]
+        r.node = None
         r.computed = self.computed[i]
         r.private = self.private_[i]
-        r.retractions = self.retractions[i]
-        r.dec_start = self.dec_start[i]
-        if not isnan(self.first_admit[i]):
-            r.first_admit_s = self.first_admit[i]
-        r.queued_s = self.queued[i]
-        if not isnan(self.first_token[i]):
-            r.first_token_s = self.first_token[i]
+        r.matched_node = None
+        x = self.round_start[i]
+        r.round_start_s = None if isnan(x) else x
+        r.swapped_tokens = 0
+        x = self.left_batch[i]
+        r.left_batch_s = None if isnan(x) else x
         r.lost_s = self.lost[i]
-        if not isnan(self.left_batch[i]):
-            r.left_batch_s = self.left_batch[i]
-        if not isnan(self.round_start[i]):
-            r.round_start_s = self.round_start[i]
-        t = self.tok[i]
-        if t is not None:
-            r.tok_events = t
-        r.error = self.errors[i]
+        r.moved_bytes = 0.0
+        r.view_cache = None
         return r
 
     cdef void close_tokens(self, long long i):
@@ -274,6 +310,8 @@ cdef class Core:
         self.in_lo = lo + take
         for i in range(lo, lo + take):
             self.queue_entry[i] = recv
+            self.entered[i] = recv
+            self.arrival_work[i] = self.prefill_tokens
             req = self.reqs[i]
             e = req.ignore_eos
             self.eos[i] = (self.run_eos if e is None else bool(e))
@@ -323,6 +361,7 @@ cdef class Core:
         self.round_start[i] = NAN
         self.left_batch[i] = self.now
         self.queue_entry[i] = self.now
+        self.arrival_work[i] = self.prefill_tokens
         self.retractions[i] += 1
         self.n_retractions += 1
         self.w_append(i)
@@ -625,6 +664,9 @@ cdef class Core:
         cdef double now = self.now, limit, t, dur, end_k
         cdef double[::1] tv
         cdef double[::1] ev
+        cdef const double* tp
+        cdef long long jj, rr, qq, off
+        cdef double x
         self.scheduled_at = self.pass_at if self.overlap else NAN
         room = self.room()
         k_mem = floordiv(room, b)
@@ -648,9 +690,36 @@ cdef class Core:
             limit = now
         if not self.batch_full and self.in_hi < self.n and self.at[self.in_hi] < limit:
             limit = self.at[self.in_hi]
-        if <double>(kv0 + b * (k - 1)) / <double>b <= <double>self.cache.quiet:
-            times = self.cache.run(b, kv0, k, limit - now)
-            k = len(times)
+        tp = NULL
+        if <double>(kv0 + b * (k - 1)) / <double>b <= self.quiet:
+            # StepTimeCache.run inline where the run lies in one memo block
+            jj = kv0 // b
+            rr = kv0 % b
+            qq = jj // BLOCK
+            off = jj % BLOCK
+            if not (b == self.lb and rr == self.lr and qq == self.lq):
+                self.lb = -1
+                blk = self.blocks.get((b, rr, qq))
+                if blk is None:
+                    blk = self.cache._block(b, rr, qq)
+                if blk is not None and blk.dtype == np.float64:
+                    self.lbv = blk
+                    self.lb, self.lr, self.lq = b, rr, qq
+            if self.lb >= 0:
+                if k > 1:
+                    x = (limit - now) / self.lbv[off]
+                    if -4.0e18 < x < 4.0e18:
+                        bound = <long long>x + 1
+                    else:
+                        bound = int(x) + 1
+                    if bound < k:
+                        k = bound
+                if off + k <= BLOCK:
+                    tp = &self.lbv[off]
+                    n = k
+            if tp == NULL:
+                times = self.cache.run(b, kv0, k, limit - now)
+                k = len(times)
         else:
             times = self.rep._decode_times(b, kv0, k)
             if k > 1:
@@ -658,14 +727,19 @@ cdef class Core:
                 if bound < k:
                     k = bound
                     times = times[:bound]
-        tv = np.ascontiguousarray(times, dtype=np.float64)
-        n = tv.shape[0]
+        if tp == NULL:
+            if times.dtype != np.float64:
+                raise RuntimeError(f"the typed core: step times of dtype {times.dtype}, "
+                                   "float64 expected")
+            tv = np.ascontiguousarray(times)
+            n = tv.shape[0]
+            tp = &tv[0]
         ends = np.empty(n)
         ev = ends
-        t = tv[0]
+        t = tp[0]
         ev[0] = t
         for j in range(1, n):
-            t = t + tv[j]
+            t = t + tp[j]
             ev[j] = t
         for j in range(n):
             ev[j] = ev[j] + now
