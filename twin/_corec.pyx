@@ -160,10 +160,13 @@ cdef class Core:
         self.errors = [""] * n
         self.tok = [None] * n
         self.wq = np.zeros(max(n, 1), dtype=np.int64)
-        self.run_ = np.zeros(max(n, 1), dtype=np.int64)
-        self.tmp = np.zeros(max(n, 1), dtype=np.int64)
-        self.a_req = np.zeros(max(n, 1) + 1, dtype=np.int64)
-        self.a_ext = np.zeros(max(n, 1) + 1, dtype=np.int64)
+        # the batch never holds more than max_running_requests (nor a prefill batch more
+        # than that plus the chunked request)
+        m = min(n, self.max_running) + 2
+        self.run_ = np.zeros(m, dtype=np.int64)
+        self.tmp = np.zeros(m, dtype=np.int64)
+        self.a_req = np.zeros(m, dtype=np.int64)
+        self.a_ext = np.zeros(m, dtype=np.int64)
         self.chunked = -1
         self.scheduled_at = NAN
         self.pass_at = 0.0
@@ -274,6 +277,7 @@ cdef class Core:
 
     cdef int leave(self, long long i, str status, str error) except -1:
         r = self.simreq(i)
+        self.tok[i] = None  # the request's now (the sink drops it once written)
         r.status, r.error = status, error
         r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
         self.finished.append(r)
@@ -464,12 +468,15 @@ cdef class Core:
         if self.has_chunk:
             self.a_rem_chunk -= extend
 
-    cdef inline void a_append(self, long long i, long long ext):
+    cdef inline int a_append(self, long long i, long long ext) except -1:
+        if self.a_n >= self.a_req.shape[0]:
+            raise RuntimeError(f"the typed core: a prefill batch over {self.max_running}")
         self.a_req[self.a_n] = i
         self.a_ext[self.a_n] = ext
         self.a_n += 1
+        return 0
 
-    cdef int add_one(self, long long i):
+    cdef int add_one(self, long long i) except -1:
         cdef long long left = self.max_new[i] - self.gen[i], future, extend, total, trunc
         future = left if left > 0 else 0
         if future > CLIP:
@@ -648,7 +655,9 @@ cdef class Core:
         self.fl_next_slots += slots
         self.fl_next_tokens += tokens if tokens > 0 else 0
 
-    cdef inline void join_running(self, long long i, double now):
+    cdef inline int join_running(self, long long i, double now) except -1:
+        if self.n_run >= self.run_.shape[0]:
+            raise RuntimeError(f"the typed core: more than {self.max_running} running")
         self.dec_start[i] = self.n_dec_steps
         self.round_start[i] = now
         if not isnan(self.left_batch[i]):
@@ -656,6 +665,7 @@ cdef class Core:
             self.left_batch[i] = NAN
         self.run_[self.n_run] = i
         self.n_run += 1
+        return 0
 
     # ---- decode (Replica._run_decode, _next_boundary, _finish_done) --------------------
     cdef int run_decode(self) except -1:

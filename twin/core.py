@@ -65,16 +65,22 @@ def why_not(rep, workload) -> str | None:
     return None
 
 
+def _columns(src) -> tuple[list[float], list[float], list]:
+    """The source's requests in the order the scheduler takes them in (its heap's
+    order: arrival at the scheduler, then seq): arrival times, client send times, and
+    the requests."""
+    ready = sorted(src._ready)
+    cols = ([t for t, _, _ in ready], [src._sent.get(seq, t) for t, seq, _ in ready],
+            [req for _, _, req in ready])
+    src._ready, src._sent = [], {}  # the core holds them now (a day's worth of tuples)
+    return cols
+
+
 def run(rep) -> bool:
     """Run `rep` (inside the coverage: `why_not` is None) to its end in the typed core;
     its `finished`, `series`, counters, allocator and timeline end as the Python loop
     leaves them. True when Ctrl-C stopped it (between passes: every request is whole;
     the caller records the unfinished ones, as twin/interrupt.py's callers do)."""
-    src = rep.feed.source
-    ready = sorted(src._ready)  # (arrival at the scheduler, seq, request): heap order
-    at = [t for t, _, _ in ready]
-    sent = [src._sent.get(seq, t) for t, seq, _ in ready]
-    reqs = [req for _, _, req in ready]
     stopped: list[int] = []
     previous = signal.getsignal(signal.SIGINT)
     handles = threading.current_thread() is threading.main_thread() and \
@@ -82,7 +88,8 @@ def run(rep) -> bool:
     if handles:
         signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
     try:
-        return _CORE.Core(rep, at, sent, reqs, stopped).run()
+        core = _CORE.Core(rep, *_columns(rep.feed.source), stopped)  # (the lists go)
+        return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
     finally:
