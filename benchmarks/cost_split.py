@@ -4,6 +4,7 @@ budget the speed target leaves each part (docs/perf.md, "A typed core: the plan"
 Runs the CLI's own `simulate` in this process with wrappers that only time (the records
 are unchanged) and splits the process's CPU time (`time.process_time`, every thread) into:
 - the scheduler loop: SimPy's run of the replica (twin/interrupt.py `run_interruptible`),
+  or the typed core's (twin/core.py `run`, as twin/sim.py calls it: `run_core`),
   less the records formatted inside it;
 - the records and summary: `requests.jsonl` formatted and written, spilled chunks merged,
   the summary computed (twin/record_sink.py `RecordSink.flush`, `finish`, `finish_with`);
@@ -104,6 +105,8 @@ def measure(workload: str, n: int) -> tuple[float, dict[str, float], dict[str, f
     loop = "the scheduler loop"
     clock.wrap(interrupt, "run_interruptible", loop)
     sim.run_interruptible = fleet.run_interruptible = interrupt.run_interruptible  # by name
+    if hasattr(sim, "run_core"):  # the typed core's run (twin/core.py), where it covers one
+        clock.wrap(sim, "run_core", loop)
     for name in ("flush", "finish", "finish_with"):
         clock.wrap(record_sink.RecordSink, name, RECORDS)
     owners = {"RecordTable": record_table.RecordTable, "RecordSink": record_sink.RecordSink,
@@ -122,7 +125,7 @@ def measure(workload: str, n: int) -> tuple[float, dict[str, float], dict[str, f
         raise SystemExit(f"servetwin simulate {' '.join(argv)} exited {status}")
     if loop not in clock.spent:
         raise SystemExit("cost_split: the loop was not timed (twin/sim.py no longer calls "
-                         "run_interruptible by that name)")
+                         "run_interruptible or run_core by that name)")
     sub = {label: clock.spent.pop(label) for _, _, label in RECORD_PARTS
            if label in clock.spent}
     rest = clock.spent.get(RECORDS, 0.0)
