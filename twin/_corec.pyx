@@ -14,49 +14,31 @@ request i is `SimRequest.index` i. A request's numbers live in the arrays below;
 `SimRequest` is built when it leaves, with the fields the Python replica would hold then,
 and handed to the replica's `finished` (a `RecordSink` or a list)."""
 
-from libc.math cimport floor, INFINITY, isnan, NAN
-from libc.string cimport memcpy
 from cpython.exc cimport PyErr_CheckSignals
+from libc.math cimport INFINITY, NAN, floor, isnan
+
+from twin._search cimport search_left
 
 import builtins
 
 import numpy as np
 
-from twin.request_state import SimRequest
-
+from twin.config import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS
 from twin.perf.step_cache import BLOCK as _BLOCK
+from twin.request_state import SimRequest
 
 _new = object.__new__
 _round = builtins.round  # Python's own rounding (the sample's columns)
 
 cdef long long BLOCK = _BLOCK
-cdef long long CLIP = 4096  # twin.config.CLIP_MAX_NEW_TOKENS (checked by twin/core.py)
-cdef long long RETRACT_STEPS = 20  # twin.config.RETRACT_DECODE_STEPS (checked too)
+cdef long long CLIP = CLIP_MAX_NEW_TOKENS
+cdef long long RETRACT_STEPS = RETRACT_DECODE_STEPS
 
 # add_one's / state()'s answers
 cdef enum:
     CONTINUE = 0
     NO_TOKEN = 1
     OTHER = 2
-
-
-cdef inline Py_ssize_t search_left(const double* a, Py_ssize_t n, double key):
-    """numpy's `searchsorted(key, side="left")` on a[:n]."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = lo + ((hi - lo) >> 1)
-        if a[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef inline long long floordiv(long long a, long long b):
-    """Python's `a // b` for b > 0."""
-    if a >= 0:
-        return a // b
-    return -((-a + b - 1) // b)
 
 
 cdef class Core:
@@ -88,7 +70,7 @@ cdef class Core:
     cdef long long fl_slots, fl_tokens, fl_next_slots, fl_next_tokens
     # counters (twin.replica_memory.Counters)
     cdef long long prefill_steps, decode_steps, prefill_tokens, n_retractions
-    cdef double busy_s, stall_s
+    cdef double busy_s
     cdef long long n_dec_steps
     # the Python side
     cdef object rep, cache, st, finished, progress, series, end_chunks, end_blocks
@@ -174,7 +156,7 @@ cdef class Core:
         c = rep.counters
         self.prefill_steps, self.decode_steps = c.prefill_steps, c.decode_steps
         self.prefill_tokens, self.n_retractions = c.prefill_tokens, c.retractions
-        self.busy_s, self.stall_s = c.busy_s, c.stall_s
+        self.busy_s = c.busy_s  # (stall_s: nothing in the coverage stalls)
         self.now = rep.env.now
         self.now_int = type(rep.env.now) is int
         # the feeder (Deployment.run), started at time 0 before the replica
@@ -211,11 +193,6 @@ cdef class Core:
             self.feeder_fire()
         while self.in_hi < self.n and self.at[self.in_hi] <= now:
             self.in_hi += 1
-
-    cdef inline object next_arrival(self):
-        if self.in_hi < self.n:
-            return self.at[self.in_hi]
-        return None
 
     # ---- leaving (Replica._leave, _close_tokens, _finish) ------------------------------
     cdef object simreq(self, long long i):
@@ -412,7 +389,7 @@ cdef class Core:
                 self.tmp[k + 1] = self.tmp[k]
                 k -= 1
             self.tmp[k + 1] = v
-        while first or floordiv(self.room(), m) < 1:
+        while first or self.room() // m < 1:
             first = False
             if m == 1:
                 m = 0
@@ -540,7 +517,7 @@ cdef class Core:
         if self.n_run + held >= self.max_running and self.chunked < 0:
             self.batch_full = True
             return False
-        self.a_total_offset = 0 + self.reserved_sum()
+        self.a_total_offset = self.reserved_sum()
         self.a_cur_offset = 0
         self.a_rem_input = self.max_prefill
         self.a_rem_chunk = self.chunk
@@ -591,8 +568,7 @@ cdef class Core:
         for j in range(self.a_n):
             i = self.a_req[j]
             ext = self.a_ext[j]
-            if self.computed[i] == 0:
-                self.computed[i] = 0
+            if self.computed[i] == 0:  # a new round (no prefix without the radix cache)
                 if isnan(self.first_admit[i]):
                     self.first_admit[i] = now
                 self.queued[i] += now - self.queue_entry[i]
@@ -679,7 +655,7 @@ cdef class Core:
         cdef double x
         self.scheduled_at = self.pass_at if self.overlap else NAN
         room = self.room()
-        k_mem = floordiv(room, b)
+        k_mem = room // b  # Python's floor division (cdivision off)
         for j in range(b):
             i = self.run_[j]
             left = self.max_new[i] - self.gen[i]
@@ -774,7 +750,6 @@ cdef class Core:
         self.n_dec_steps += k
         end_k = ev[k - 1]
         dur = end_k - now + 0.0
-        self.stall_s += 0.0
         self.decode_steps += k
         self.busy_s += dur
         t = self.ratio - <double>k * self.decay
@@ -949,4 +924,4 @@ cdef class Core:
         c = rep.counters
         c.prefill_steps, c.decode_steps = self.prefill_steps, self.decode_steps
         c.prefill_tokens, c.retractions = self.prefill_tokens, self.n_retractions
-        c.busy_s, c.stall_s = self.busy_s, self.stall_s
+        c.busy_s = self.busy_s

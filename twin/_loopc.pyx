@@ -19,6 +19,8 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memcpy
 
+from twin._search cimport search_left
+
 import numpy as np
 
 from twin.perf.step_cache import BLOCK as _BLOCK
@@ -104,18 +106,6 @@ cdef bint as_doubles(object arr, Py_buffer* buf, int flags) except -1:
         PyBuffer_Release(buf)
         return False
     return True
-
-
-cdef inline Py_ssize_t search_left(const double* a, Py_ssize_t n, double key):
-    """numpy's `searchsorted(key, side="left")` on a[:n]: the first i with not a[i] < key."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = lo + ((hi - lo) >> 1)
-        if a[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 cdef bint grow(object alloc, list owners, long long b, long long k) except -1:

@@ -14,12 +14,10 @@ first thing outside it."""
 from __future__ import annotations
 
 import os
-import signal
-import threading
 
-from twin import config as C
 from twin.compiled import load
 from twin.decider import PolicyDecider
+from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
 
@@ -33,8 +31,6 @@ def why_not(rep, workload) -> str | None:
         return WHY_NO_CORE or "the typed core is switched off"
     if os.environ.get("SERVETWIN_PYTHON_LOOP"):
         return "SERVETWIN_PYTHON_LOOP is set"
-    if C.CLIP_MAX_NEW_TOKENS != 4096 or C.RETRACT_DECODE_STEPS != 20:
-        return "SGLang's constants differ from the core's"
     feed = rep.feed
     src = getattr(feed, "source", None)
     args = rep.args
@@ -81,17 +77,9 @@ def run(rep) -> bool:
     its `finished`, `series`, counters, allocator and timeline end as the Python loop
     leaves them. True when Ctrl-C stopped it (between passes: every request is whole;
     the caller records the unfinished ones, as twin/interrupt.py's callers do)."""
-    stopped: list[int] = []
-    previous = signal.getsignal(signal.SIGINT)
-    handles = threading.current_thread() is threading.main_thread() and \
-        previous not in (signal.SIG_IGN, None)
-    if handles:
-        signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
     try:
-        core = _CORE.Core(rep, *_columns(rep.feed.source), stopped)  # (the lists go)
-        return core.run()
+        with sigint_taken() as stopped:  # checked by the core every 256 passes
+            core = _CORE.Core(rep, *_columns(rep.feed.source), stopped)  # (the lists go)
+            return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
-    finally:
-        if handles:
-            signal.signal(signal.SIGINT, previous)

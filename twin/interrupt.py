@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import simpy
 from simpy.core import EmptySchedule
 
 
-def run_interruptible(env: simpy.Environment,
-                      on_signal: Callable[[], None] | None = None) -> bool:
-    """Run `env` until no events are left; True when Ctrl-C stopped it first. Outside the
-    main thread, or where SIGINT is ignored (a background job) or handled outside
-    Python, no handler is installed: a KeyboardInterrupt is caught wherever it lands,
-    as before."""
+@contextmanager
+def sigint_taken(on_signal: Callable[[], None] | None = None) -> Iterator[list[int]]:
+    """While inside, SIGINT only appends to the list yielded (and calls `on_signal`): the
+    caller stops at its next boundary when the list is not empty. Outside the main
+    thread, or where SIGINT is ignored (a background job) or handled outside Python, no
+    handler is installed: a KeyboardInterrupt is raised wherever it lands, as before."""
     previous = signal.getsignal(signal.SIGINT)
     handles = threading.current_thread() is threading.main_thread() and \
         previous not in (signal.SIG_IGN, None)  # None: a handler set outside Python
@@ -43,14 +44,23 @@ def run_interruptible(env: simpy.Environment,
     if handles:
         signal.signal(signal.SIGINT, handler)
     try:
-        step = env.step
-        while not stopped:
-            step()
+        yield stopped
+    finally:
+        if handles:
+            signal.signal(signal.SIGINT, previous)
+
+
+def run_interruptible(env: simpy.Environment,
+                      on_signal: Callable[[], None] | None = None) -> bool:
+    """Run `env` until no events are left; True when Ctrl-C stopped it first (taken
+    between events: `sigint_taken`)."""
+    try:
+        with sigint_taken(on_signal) as stopped:
+            step = env.step
+            while not stopped:
+                step()
     except EmptySchedule:
         return bool(stopped)
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
-    finally:
-        if handles:
-            signal.signal(signal.SIGINT, previous)
     return True
