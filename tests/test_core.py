@@ -72,10 +72,21 @@ def test_vidur_without_the_radix_cache(monkeypatch) -> None:
                  "output=uniform:100:500"], monkeypatch) == 1
 
 
+def test_shared_prefixes_in_the_radix_cache(monkeypatch) -> None:
+    """The radix cache on (the default) over prompts that share a system prompt and
+    templates, in a pool small enough to evict cached prefixes, retract (evicting for the
+    rest) and cache a chunked prompt's finished chunks: the core runs it, the same bytes."""
+    assert both([*LLAMA, "--step-time-backend", "roofline", "--max-total-tokens", "12000",
+                 "--no-ignore-eos", "--chunked-prefill-size", "512", "--workload",
+                 "arrival=poisson,rate=30,n=300,prompt=uniform:100:3000,output=uniform:1:700,"
+                 "templates=5,template_len=1024,share=0.7,system_prompt=256"],
+                monkeypatch) == 1
+
+
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """The radix cache on (the default), closed-loop clients, a paged pool: the Python
-    replica runs each, and `why_not` says why."""
-    for extra in ([], ["--disable-radix-cache", "--page-size", "16"]):
+    """Mixed chunks, a paged pool, closed-loop clients: the Python replica runs each, and
+    `why_not` says why."""
+    for extra in (["--enable-mixed-chunk"], ["--page-size", "16"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
@@ -108,12 +119,17 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        chunk=st.sampled_from([None, 512, 2048]),
        horizon=st.sampled_from([None, 5.0, 20.0]),
        rate=st.sampled_from([0.5, 2, 8, 30]), seed=st.integers(0, 5),
-       running=st.sampled_from([None, 3]))
+       running=st.sampled_from([None, 3]),
+       radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
+                              ",templates=8,template_len=300,share=0.9,system_prompt=200"]))
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
-                                       horizon, rate, seed, running) -> None:
-    argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed),
-            "--disable-radix-cache", "--workload",
-            f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"]
+                                       horizon, rate, seed, running, radix) -> None:
+    """`radix`: None, the cache off; else on, over prompts sharing what it names."""
+    argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
+            f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"
+            + (radix or "")]
+    if radix is None:
+        argv.append("--disable-radix-cache")
     if pool is not None:
         argv += ["--max-total-tokens", str(pool)]
     if overlap:

@@ -88,6 +88,13 @@ cdef class Core:
     cdef bint a_continuing
     cdef long long a_new_chunked
     cdef long long[::1] a_req, a_ext
+    # the radix cache (twin/prefix.py's RadixCache, the replica's own; None: off): each
+    # request's matched prefix, cached tokens, locked node and last matched node
+    cdef object tree
+    cdef bint has_tree
+    cdef long long[::1] prefix, cached
+    cdef list node, matched
+    cdef object on_evict  # the replica's, put back at the end
 
     def __init__(self, rep, list at, list sent, list reqs, object stopped):
         cdef Py_ssize_t i, n = len(reqs)
@@ -150,6 +157,15 @@ cdef class Core:
         self.a_req = np.zeros(m, dtype=np.int64)
         self.a_ext = np.zeros(m, dtype=np.int64)
         self.chunked = -1
+        self.tree = rep.tree
+        self.has_tree = rep.tree is not None
+        self.prefix = np.zeros(n, dtype=np.int64)
+        self.cached = np.zeros(n, dtype=np.int64)
+        self.node = [None] * n
+        self.matched = [None] * n
+        if self.has_tree:  # its evictions are freed here (`evict`): the core owns `used`
+            self.on_evict = self.tree.on_evict
+            self.tree.on_evict = None
         self.scheduled_at = NAN
         self.pass_at = 0.0
         self.n_dec_steps = rep.n_dec_steps
@@ -211,12 +227,12 @@ cdef class Core:
         r.prompt_tokens = req.prompt_tokens
         r.max_new_tokens = self.max_new[i]
         r.generated_tokens = self.gen[i]
-        r.prefix_len = 0
+        r.prefix_len = self.prefix[i]
         r.index = i
         r.ignore_eos = self.eos[i] != 0
         r.arrival_work = self.arrival_work[i]
         r.head = None
-        r.cached_tokens = 0
+        r.cached_tokens = self.cached[i]
         r.retractions = self.retractions[i]
         r.preemptions = 0
         r.status = ""
@@ -230,10 +246,10 @@ cdef class Core:
         t = self.tok[i]
         r.tok_events = [] if t is None else t
         r.dec_start = self.dec_start[i]
-        r.node = None
+        r.node = self.node[i]
         r.computed = self.computed[i]
         r.private = self.private_[i]
-        r.matched_node = None
+        r.matched_node = self.matched[i]
         x = self.round_start[i]
         r.round_start_s = None if isnan(x) else x
         r.swapped_tokens = 0
@@ -262,9 +278,20 @@ cdef class Core:
         return 0
 
     cdef int finish_one(self, long long i, double now) except -1:
+        """`_finish`: the finished sequence enters the radix cache (its outputs as a
+        segment of their own), the rest of its KV is freed."""
+        cdef long long out_kv, moved = 0
         self.close_tokens(i)
-        self.used -= self.private_[i]  # _release_kv
-        self.private_[i] = 0
+        if self.has_tree and self.private_[i] > 0:
+            out_kv = self.gen[i] - 1  # the last token never enters the KV cache
+            segs = self.reqs[i].segments
+            if out_kv > 0:
+                segs = segs + ((-(i + 1), out_kv),)
+            _, created = self.tree.insert(segs, now)
+            for nd in created:  # the cache takes over the request's slots
+                moved += <long long>nd.tokens
+            self.private_[i] -= moved
+        self.release_kv(i)
         self.finish[i] = now
         self.leave(i, "ok", self.errors[i])
         return 0
@@ -320,13 +347,85 @@ cdef class Core:
         return self.wq[(self.w_head + j) % self.wq.shape[0]]
 
     # ---- memory -----------------------------------------------------------------------
+    cdef inline long long evictable(self):
+        if self.has_tree:
+            return <long long>self.tree.evictable_tokens
+        return 0
+
     cdef inline long long room(self):
+        """`Replica.room`: free, evictable cached tokens, less what the overlap holds."""
+        if self.has_tree:
+            return (self.capacity - self.used + <long long>self.tree.evictable_tokens
+                    - self.fl_tokens)
         return self.capacity - self.used - self.fl_tokens
 
-    cdef inline bint take_kv(self, long long n):
-        """`_take_kv` on a token pool without a radix cache."""
+    cdef inline int evict(self, long long n) except -1:
+        """`RadixCache.evict`, its nodes' tokens freed (the replica's `on_evict`)."""
+        self.used -= <long long>self.tree.evict(n)
+        return 0
+
+    cdef int release_kv(self, long long i) except -1:
+        """`_release_kv`: the request's own KV freed, its radix lock released."""
+        self.used -= self.private_[i]
+        self.private_[i] = 0
+        self.unlock(i)
+        return 0
+
+    cdef inline int unlock(self, long long i) except -1:
+        nd = self.node[i]
+        if nd is not None:
+            self.tree.unlock(nd)
+            self.node[i] = None
+        return 0
+
+    cdef int match(self, long long i) except -1:
+        """`_match`: the longest cached prefix of the prompt, at least one token left to
+        compute."""
+        cdef long long n, fill
+        n, nd = self.tree.match(self.reqs[i].segments, self.now)
+        fill = self.prompt[i] + self.gen[i] - 1
+        self.prefix[i] = n if n < fill else fill
+        self.matched[i] = nd
+        return 0
+
+    cdef int cache_in(self, long long i, object segs, long long own, double now) except -1:
+        """The request's `own` tokens of `segs` pass to the radix cache (what another
+        request cached meanwhile is freed as a duplicate); it locks the deeper path."""
+        cdef long long moved = 0
+        nd, created = self.tree.insert(segs, now)
+        for c in created:
+            moved += <long long>c.tokens
+        self.used -= own - moved  # alloc.free_tokens of the duplicate
+        self.private_[i] -= own
+        old = self.node[i]
+        self.tree.lock(nd)
+        self.node[i] = nd
+        if old is not None:
+            self.tree.unlock(old)
+        return 0
+
+    cdef int cache_chunk(self, long long i, double now) except -1:
+        """twin/chunk_cache.py `cache_chunk`: the whole segments computed so far."""
+        cdef long long end = 0, t, done = self.computed[i]
+        segs = []
+        for seg in self.reqs[i].segments:
+            t = seg[1]
+            if end + t > done:
+                break
+            segs.append(seg)
+            end += t
+        if end <= self.prefix[i]:
+            return 0
+        self.cache_in(i, segs, end - self.prefix[i], now)
+        self.prefix[i] = end
+        return 0
+
+    cdef inline bint take_kv(self, long long n) except -1:
+        """`_take_kv` on a token pool: cached prefixes evicted (LRU) when short."""
         if n <= 0:
             return True
+        if self.has_tree and n > self.capacity - self.used:
+            self.evict(n - (self.capacity - self.used))
         if n > self.capacity - self.used:
             self.oom += 1
             return False
@@ -336,8 +435,7 @@ cdef class Core:
     cdef int release_to_queue(self, long long i) except -1:
         """`_release_to_queue(r, preempted=False)`: a retraction."""
         self.close_tokens(i)
-        self.used -= self.private_[i]
-        self.private_[i] = 0
+        self.release_kv(i)
         self.computed[i] = 0
         self.round_start[i] = NAN
         self.left_batch[i] = self.now
@@ -395,13 +493,14 @@ cdef class Core:
                 m = 0
                 v = self.tmp[0]
                 self.close_tokens(v)
-                self.used -= self.private_[v]
-                self.private_[v] = 0
+                self.release_kv(v)
                 self.leave(v, "aborted", "KV cache too small to decode even this "
                            "request alone")
                 break
             m -= 1
             self.release_to_queue(self.tmp[m])
+            if self.has_tree:  # release_req: evict at once what the rest need
+                self.evict(m * RETRACT_STEPS)
         # running keeps the members of order, in running order
         k = 0
         for j in range(self.n_run):
@@ -458,18 +557,27 @@ cdef class Core:
         future = left if left > 0 else 0
         if future > CLIP:
             future = CLIP
-        extend = self.prompt[i] + self.gen[i]
+        extend = self.prompt[i] + self.gen[i] - self.prefix[i]
         total = extend + future
         if <double>total >= self.rem_total():
             return NO_TOKEN
         if extend >= self.a_rem_input and self.a_n > 0:
             return OTHER
+        if self.has_tree:  # the matched path is locked: no longer evictable room
+            nd = self.matched[i]
+            if nd is not None:
+                self.tree.lock(nd)
+                self.node[i] = nd
+            if <double>total >= self.rem_total():
+                self.unlock(i)
+                return NO_TOKEN
         if not self.has_chunk or extend <= self.a_rem_chunk:
             self.a_append(i, extend)
             self.a_take(extend, future)
         else:
             trunc = self.a_rem_chunk
             if trunc <= 0 or self.a_continuing:
+                self.unlock(i)
                 return OTHER
             self.a_append(i, trunc)
             self.a_new_chunked = i
@@ -542,6 +650,8 @@ cdef class Core:
             if self.a_n + self.n_run + held >= self.max_running:
                 self.batch_full = True
                 break
+            if self.has_tree:
+                self.match(i)
             res = self.add_one(i)
             if res != CONTINUE:
                 if res == NO_TOKEN:
@@ -568,15 +678,16 @@ cdef class Core:
         for j in range(self.a_n):
             i = self.a_req[j]
             ext = self.a_ext[j]
-            if self.computed[i] == 0:  # a new round (no prefix without the radix cache)
+            if self.computed[i] == 0:  # a new round: its matched prefix is cached
+                self.computed[i] = self.prefix[i]
+                self.cached[i] += self.prefix[i]
                 if isnan(self.first_admit[i]):
                     self.first_admit[i] = now
                 self.queued[i] += now - self.queue_entry[i]
             if not self.take_kv(ext) and not self.make_room(ext):
                 if i == self.chunked:
                     self.chunked = -1
-                self.used -= self.private_[i]
-                self.private_[i] = 0
+                self.release_kv(i)
                 self.leave(i, "aborted", "prefill out of memory: the KV pool cannot hold "
                            "the next chunk even after retracting every running request")
                 continue
@@ -608,6 +719,8 @@ cdef class Core:
             i = self.a_req[j]
             self.computed[i] += self.a_ext[j]
             if i == self.chunked:
+                if self.has_tree:  # SGLang caches the finished chunks
+                    self.cache_chunk(i, end)
                 continue
             # _prefill_done
             self.gen[i] += 1
@@ -617,6 +730,8 @@ cdef class Core:
             tl.append(end)
             if isnan(self.first_token[i]):
                 self.first_token[i] = end
+            if self.has_tree:  # the prompt is cached
+                self.cache_in(i, self.reqs[i].segments, self.prompt[i] - self.prefix[i], end)
             if self.max_new[i] - self.gen[i] <= 0:
                 self.shrunk = True
                 before = self.room()
@@ -735,10 +850,19 @@ cdef class Core:
                 kk = n
             k = kk
         # _grow_decoders on a token pool
+        if self.has_tree and b * k > self.capacity - self.used:
+            self.evict(b * k - (self.capacity - self.used))
         if b * k > self.capacity - self.used:
             self.oom += 1
-            self.retract()
-            return 0
+            if self.has_tree and self.evictable():
+                self.evict(self.evictable())
+                if b * k > self.capacity - self.used:
+                    self.oom += 1
+                    self.retract()
+                    return 0
+            else:
+                self.retract()
+                return 0
         self.used += b * k
         part = ends[:k] if k < n else ends
         chunks = self.end_chunks
@@ -792,7 +916,9 @@ cdef class Core:
         if self.now_int:  # SimPy's clock starts as the int 0
             t = 0
         self.series.append((_round(t, 6), self.n_run, self.w_len, self.used, self.used,
-                            self.capacity - self.used, 0, _round(self.ratio, 4), 0.0, 0.0))
+                            self.capacity - self.used,
+                            self.tree.total_tokens if self.has_tree else 0,
+                            _round(self.ratio, 4), 0.0, 0.0))
         self.next_sample = (floor(now / self.every) + 1.0) * self.every
         if self.progress is not None:
             self.progress(len(self.finished), t)
@@ -881,8 +1007,9 @@ cdef class Core:
         self.w_head = (self.w_head + 1) % self.wq.shape[0]
         self.w_len -= 1
         self.leave(i, "aborted", f"could not be admitted into an idle server: needs "
-                   f"{self.prompt[i] + self.gen[i]} + {left if left < CLIP else CLIP} "
-                   f"tokens, KV room {self.capacity - self.used}")
+                   f"{self.prompt[i] + self.gen[i] - self.prefix[i]} + "
+                   f"{left if left < CLIP else CLIP} tokens, KV room "
+                   f"{self.capacity - self.used + self.evictable()}")
         return 0
 
     cdef int end(self) except -1:
@@ -915,6 +1042,8 @@ cdef class Core:
     cdef void write_back(self):
         """The replica's own fields, as the Python loop would leave them."""
         rep = self.rep
+        if self.has_tree:
+            self.tree.on_evict = self.on_evict
         rep.env._now = self.now
         rep.alloc.used = self.used
         rep.alloc._oom = self.oom

@@ -5,7 +5,7 @@ else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
 replica fed open loop (no fleet, no faults, no bench_serving warm-up, no closed-loop
-clients), SGLang's token pool with page 1, no radix cache (`--disable-radix-cache`), no
+clients), SGLang's token pool with page 1, the radix cache on or off, no
 mixed chunks, no priority scheduling, no host tier, swap or defragmentation, a policy
 whose every answer is the queue as it is (fcfs), the step-time memo over a model whose
 answers never change, no step log, no per-pass integrity checks. `why_not` names the
@@ -20,6 +20,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
+from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
 
@@ -36,7 +37,9 @@ def why_not(rep, workload) -> str | None:
     args = rep.args
     pol = rep.policy
     checks = (
-        (rep.tree is not None, "the radix cache is on"),
+        (rep.tree is not None and (type(rep.tree) is not RadixCache
+                                   or rep.tree.on_insert is not None or rep.tree.n_nodes),
+         "a radix cache with a host tier, or already filled"),
         (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
         (args.enable_mixed_chunk, "--enable-mixed-chunk"),
         (args.enable_hierarchical_cache, "the host tier"),
