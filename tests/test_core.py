@@ -143,3 +143,39 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
     if running is not None:
         argv += ["--max-running-requests", str(running)]
     assert both(argv, monkeypatch) == 1
+
+
+@settings(max_examples=int(os.environ.get("CORE_EXAMPLES", "30")) * 3, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["match", "insert", "lock", "unlock", "evict"]),
+                              st.lists(st.integers(0, 3), min_size=1, max_size=4),
+                              st.integers(0, 3000)), max_size=80))
+def test_typed_radix_tree_is_twin_prefix(ops) -> None:
+    """The core's radix tree (`CTree`) against twin/prefix.py's `RadixCache` on the same
+    operations: the same matches, nodes made, evictions (least recently used, ties by
+    creation), totals and locks. Paths are drawn from a few segments so that they share
+    prefixes; a lock is taken on a matched node and released later, as requests do."""
+    from twin.prefix import RadixCache
+    py, ty = RadixCache(), CORE.CTree()
+    held_py, held_ty = [], []
+    for t, (op, path, n) in enumerate(ops):
+        segs = tuple((h, 100 * (h + 1)) for h in path)
+        if op == "match":
+            (a, na), (b, nb) = py.match(segs, float(t)), ty.match(segs, float(t))
+            assert a == b and na.nid == nb.nid
+        elif op == "insert":
+            (na, ca), (nb, cb) = py.insert(segs, float(t)), ty.insert(segs, float(t))
+            assert na.nid == nb.nid and [c.nid for c in ca] == [c.nid for c in cb]
+        elif op == "lock":
+            (_, na), (_, nb) = py.match(segs, float(t)), ty.match(segs, float(t))
+            py.lock(na)
+            ty.lock(nb)
+            held_py.append(na)
+            held_ty.append(nb)
+        elif op == "unlock" and held_py:
+            py.unlock(held_py.pop(n % len(held_py)))
+            ty.unlock(held_ty.pop(n % len(held_ty)))
+        elif op == "evict":
+            assert py.evict(n) == ty.evict(n)
+        assert (py.total_tokens, py.evictable_tokens, py.n_nodes) == (
+            ty.total_tokens, ty.evictable_tokens, ty.n_nodes)
+        ty.check_integrity()

@@ -20,6 +20,7 @@ from libc.math cimport INFINITY, NAN, floor, isnan
 from twin._search cimport search_left
 
 import builtins
+from heapq import heapify, heappop, heappush
 
 import numpy as np
 
@@ -33,6 +34,190 @@ _round = builtins.round  # Python's own rounding (the sample's columns)
 cdef long long BLOCK = _BLOCK
 cdef long long CLIP = CLIP_MAX_NEW_TOKENS
 cdef long long RETRACT_STEPS = RETRACT_DECODE_STEPS
+
+# ---- the radix cache (twin/prefix.py, typed) -------------------------------------------
+cdef class CNode:
+    """twin/prefix.py `Node`, typed: one segment `(hash, n_tokens)` of a cached path."""
+    cdef readonly object key
+    cdef readonly long long tokens, lock, nid
+    cdef readonly CNode parent
+    cdef readonly dict children
+    cdef readonly double last_access
+
+    def __init__(self, key, CNode parent, long long nid, double now):
+        self.key = key
+        self.tokens = key[1] if key is not None else 0
+        self.parent = parent
+        self.children = {}
+        self.lock = 0
+        self.last_access = now
+        self.nid = nid
+
+
+cdef class CTree:
+    """twin/prefix.py `RadixCache`, typed, step for step: the same matches, locks,
+    inserts and least-recently-used evictions (ties by creation order, stale heap
+    entries skipped), so the same tokens are cached and evicted when. It counts tokens;
+    the core frees an evicted node's KV from what `evict` returns. The methods without a
+    trailing underscore are RadixCache's, for a caller after the run
+    (`Replica.tree`)."""
+    cdef readonly CNode root
+    cdef long long next_id
+    cdef readonly long long n_nodes, total_tokens, evictable_tokens
+    cdef list lru
+    cdef readonly object on_evict, on_insert  # None: the core frees evicted nodes itself
+
+    def __init__(self):
+        self.root = CNode(None, None, 0, 0.0)
+        self.root.lock = 1  # never evicted
+        self.next_id = 1
+        self.lru = []
+
+    cdef inline void push(self, CNode node, double t):
+        heappush(self.lru, (t, node.nid, node))
+
+    cdef CNode match_(self, tuple segments, double now, long long* matched):
+        cdef CNode node = self.root, child
+        cdef long long got = 0
+        for seg in segments:
+            child = node.children.get(seg)
+            if child is None:
+                break
+            node = child
+            got += child.tokens
+            node.last_access = now
+        if node is not self.root and not node.children and node.lock == 0:
+            self.push(node, now)
+        matched[0] = got
+        return node
+
+    cdef CNode insert_(self, tuple segments, double now, long long* added):
+        """The deepest node of `segments`' path; `added`: the tokens of the nodes made."""
+        cdef CNode node = self.root, child
+        cdef long long got = 0
+        for seg in segments:
+            child = node.children.get(seg)
+            if child is None:
+                child = CNode(seg, node, self.next_id, now)
+                self.next_id += 1
+                self.n_nodes += 1
+                node.children[seg] = child
+                got += child.tokens
+                self.evictable_tokens += child.tokens  # new nodes start unlocked
+            child.last_access = now
+            node = child
+        self.total_tokens += got
+        if node is not self.root and not node.children and node.lock == 0:
+            self.push(node, now)
+        added[0] = got
+        return node
+
+    cdef void lock_(self, CNode node):
+        while node is not self.root:
+            if node.lock == 0:
+                self.evictable_tokens -= node.tokens
+            node.lock += 1
+            node = node.parent
+
+    cdef void unlock_(self, CNode node):
+        if not node.children and node is not self.root and node.lock == 1:
+            self.push(node, node.last_access)
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable_tokens += node.tokens
+            node = node.parent
+
+    cdef long long evict_(self, long long n_tokens) except -1:
+        cdef list heap = self.lru
+        cdef long long freed = 0
+        cdef CNode node, parent, c
+        cdef double t
+        cdef list stack
+        if len(heap) > 4 * self.n_nodes + 64:  # rare: drop stale entries
+            leaves = []
+            stack = [self.root]
+            while stack:
+                c = stack.pop()
+                if c.children:
+                    stack.extend(c.children.values())
+                elif c is not self.root and c.lock == 0:
+                    leaves.append((c.last_access, c.nid, c))
+            heap[:] = leaves
+            heapify(heap)
+        while freed < n_tokens and heap:
+            entry = heappop(heap)
+            t = entry[0]
+            node = entry[2]
+            parent = node.parent
+            if (parent is None or node.lock or node.children or t != node.last_access
+                    or parent.children.get(node.key) is not node):
+                continue  # stale entry
+            del parent.children[node.key]
+            self.n_nodes -= 1
+            freed += node.tokens
+            node.parent = None
+            if parent is not self.root and not parent.children and parent.lock == 0:
+                self.push(parent, parent.last_access)
+        self.total_tokens -= freed
+        self.evictable_tokens -= freed
+        return freed
+
+    # RadixCache's interface (the tree after the run; tests against twin/prefix.py)
+    def match(self, segments, now):
+        cdef long long got
+        node = self.match_(tuple(segments), now, &got)
+        return got, node
+
+    def insert(self, segments, now):
+        cdef long long added
+        before = self.next_id
+        node = self.insert_(tuple(segments), now, &added)
+        return node, [c for c in self._path(node) if c.nid >= before]
+
+    def _path(self, CNode node):
+        out = []
+        while node is not self.root:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def lock(self, CNode node):
+        self.lock_(node)
+
+    def unlock(self, CNode node):
+        self.unlock_(node)
+
+    def evict(self, long long n_tokens):
+        return self.evict_(n_tokens)
+
+    def peek(self, segments):
+        cdef CNode node = self.root
+        cdef long long matched = 0
+        for seg in segments:
+            node = node.children.get(seg)
+            if node is None:
+                break
+            matched += node.tokens
+        return matched
+
+    def check_integrity(self):
+        cdef long long total = 0, evictable = 0
+        cdef CNode node
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is self.root:
+                continue
+            assert node.lock >= 0, f"negative lock on node {node.nid}"
+            assert node.lock >= max([c.lock for c in node.children.values()], default=0), \
+                f"node {node.nid} locked less than a child"
+            total += node.tokens
+            evictable += node.tokens if node.lock == 0 else 0
+        assert total == self.total_tokens, (total, self.total_tokens)
+        assert evictable == self.evictable_tokens, (evictable, self.evictable_tokens)
+
 
 # add_one's / state()'s answers
 cdef enum:
@@ -88,13 +273,12 @@ cdef class Core:
     cdef bint a_continuing
     cdef long long a_new_chunked
     cdef long long[::1] a_req, a_ext
-    # the radix cache (twin/prefix.py's RadixCache, the replica's own; None: off): each
-    # request's matched prefix, cached tokens, locked node and last matched node
-    cdef object tree
+    # the radix cache (None: off; the replica's RadixCache is replaced by it at the
+    # end): each request's matched prefix, cached tokens, locked node, last matched node
+    cdef CTree tree
     cdef bint has_tree
     cdef long long[::1] prefix, cached
     cdef list node, matched
-    cdef object on_evict  # the replica's, put back at the end
 
     def __init__(self, rep, list at, list sent, list reqs, object stopped):
         cdef Py_ssize_t i, n = len(reqs)
@@ -157,15 +341,12 @@ cdef class Core:
         self.a_req = np.zeros(m, dtype=np.int64)
         self.a_ext = np.zeros(m, dtype=np.int64)
         self.chunked = -1
-        self.tree = rep.tree
-        self.has_tree = rep.tree is not None
+        self.has_tree = rep.tree is not None  # (empty: twin/core.py checks)
+        self.tree = CTree() if self.has_tree else None
         self.prefix = np.zeros(n, dtype=np.int64)
         self.cached = np.zeros(n, dtype=np.int64)
         self.node = [None] * n
         self.matched = [None] * n
-        if self.has_tree:  # its evictions are freed here (`evict`): the core owns `used`
-            self.on_evict = self.tree.on_evict
-            self.tree.on_evict = None
         self.scheduled_at = NAN
         self.pass_at = 0.0
         self.n_dec_steps = rep.n_dec_steps
@@ -287,9 +468,7 @@ cdef class Core:
             segs = self.reqs[i].segments
             if out_kv > 0:
                 segs = segs + ((-(i + 1), out_kv),)
-            _, created = self.tree.insert(segs, now)
-            for nd in created:  # the cache takes over the request's slots
-                moved += <long long>nd.tokens
+            self.tree.insert_(segs, now, &moved)  # the cache takes over the slots made
             self.private_[i] -= moved
         self.release_kv(i)
         self.finish[i] = now
@@ -349,19 +528,18 @@ cdef class Core:
     # ---- memory -----------------------------------------------------------------------
     cdef inline long long evictable(self):
         if self.has_tree:
-            return <long long>self.tree.evictable_tokens
+            return self.tree.evictable_tokens
         return 0
 
     cdef inline long long room(self):
         """`Replica.room`: free, evictable cached tokens, less what the overlap holds."""
         if self.has_tree:
-            return (self.capacity - self.used + <long long>self.tree.evictable_tokens
-                    - self.fl_tokens)
+            return self.capacity - self.used + self.tree.evictable_tokens - self.fl_tokens
         return self.capacity - self.used - self.fl_tokens
 
     cdef inline int evict(self, long long n) except -1:
         """`RadixCache.evict`, its nodes' tokens freed (the replica's `on_evict`)."""
-        self.used -= <long long>self.tree.evict(n)
+        self.used -= self.tree.evict_(n)
         return 0
 
     cdef int release_kv(self, long long i) except -1:
@@ -374,7 +552,7 @@ cdef class Core:
     cdef inline int unlock(self, long long i) except -1:
         nd = self.node[i]
         if nd is not None:
-            self.tree.unlock(nd)
+            self.tree.unlock_(<CNode>nd)
             self.node[i] = None
         return 0
 
@@ -382,26 +560,24 @@ cdef class Core:
         """`_match`: the longest cached prefix of the prompt, at least one token left to
         compute."""
         cdef long long n, fill
-        n, nd = self.tree.match(self.reqs[i].segments, self.now)
+        nd = self.tree.match_(self.reqs[i].segments, self.now, &n)
         fill = self.prompt[i] + self.gen[i] - 1
         self.prefix[i] = n if n < fill else fill
         self.matched[i] = nd
         return 0
 
-    cdef int cache_in(self, long long i, object segs, long long own, double now) except -1:
+    cdef int cache_in(self, long long i, tuple segs, long long own, double now) except -1:
         """The request's `own` tokens of `segs` pass to the radix cache (what another
         request cached meanwhile is freed as a duplicate); it locks the deeper path."""
-        cdef long long moved = 0
-        nd, created = self.tree.insert(segs, now)
-        for c in created:
-            moved += <long long>c.tokens
+        cdef long long moved
+        cdef CNode nd = self.tree.insert_(segs, now, &moved)
         self.used -= own - moved  # alloc.free_tokens of the duplicate
         self.private_[i] -= own
         old = self.node[i]
-        self.tree.lock(nd)
+        self.tree.lock_(nd)
         self.node[i] = nd
         if old is not None:
-            self.tree.unlock(old)
+            self.tree.unlock_(<CNode>old)
         return 0
 
     cdef int cache_chunk(self, long long i, double now) except -1:
@@ -416,7 +592,7 @@ cdef class Core:
             end += t
         if end <= self.prefix[i]:
             return 0
-        self.cache_in(i, segs, end - self.prefix[i], now)
+        self.cache_in(i, tuple(segs), end - self.prefix[i], now)
         self.prefix[i] = end
         return 0
 
@@ -566,7 +742,7 @@ cdef class Core:
         if self.has_tree:  # the matched path is locked: no longer evictable room
             nd = self.matched[i]
             if nd is not None:
-                self.tree.lock(nd)
+                self.tree.lock_(<CNode>nd)
                 self.node[i] = nd
             if <double>total >= self.rem_total():
                 self.unlock(i)
@@ -1042,8 +1218,8 @@ cdef class Core:
     cdef void write_back(self):
         """The replica's own fields, as the Python loop would leave them."""
         rep = self.rep
-        if self.has_tree:
-            self.tree.on_evict = self.on_evict
+        if self.has_tree:  # the cache the run left (RadixCache's interface, typed)
+            rep.tree = self.tree
         rep.env._now = self.now
         rep.alloc.used = self.used
         rep.alloc._oom = self.oom
