@@ -24,12 +24,13 @@ from twin.metrics import read_records
 pytestmark = pytest.mark.offline
 
 
-def servetwin(*args: str) -> subprocess.Popen:
+def servetwin(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`servetwin ARGS` in a subprocess that reacts to SIGINT even when this one was
-    started with SIGINT ignored (a background job)."""
+    started with SIGINT ignored (a background job); `env` adds to the environment."""
     return subprocess.Popen(
         [sys.executable, "-m", "servetwin", *args], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -85,13 +86,14 @@ def test_calibrate_stops_when_the_server_dies(tmp_path, capsys):
 
 @pytest.mark.parametrize("loop", ["python", "typed"])
 def test_simulate_ctrl_c_writes_every_request(tmp_path, loop):
-    # the typed core (twin/_corec.pyx, without the radix cache) takes the signal between
-    # passes; it is faster, so its run is longer
+    # the typed core (twin/_corec.pyx) takes the signal between passes; it is faster, so
+    # its run is longer
     out = tmp_path / "sim"
     n = 20_000 if loop == "python" else 200_000  # stopped long before the end
-    extra = ["--disable-radix-cache"] if loop == "typed" else []
-    proc = servetwin("simulate", *extra, "--workload", f"arrival=poisson,rate=20,n={n},"
-                     "prompt=uniform:100:2000,output=uniform:50:500", "--out", str(out))
+    env = {"SERVETWIN_PYTHON_LOOP": "1"} if loop == "python" else None
+    proc = servetwin("simulate", "--workload", f"arrival=poisson,rate=20,n={n},"
+                     "prompt=uniform:100:2000,output=uniform:50:500", "--out", str(out),
+                     env=env)
     wait_for_line(proc, " requests, ")  # the first progress line may show 0 done (load):
     _busy_for(proc, 0.5)  # half a CPU-second more of simulation finishes some
     proc.send_signal(signal.SIGINT)
