@@ -48,14 +48,15 @@ def boundary_label(rep, t: float, arrivals: bool) -> str:
 
 def instrument(counts: collections.Counter):
     """Count each decode run's cause in `counts`; returns the function that takes the
-    wrappers off again. The Python decode pass runs meanwhile (the compiled one,
-    twin/_loopc.pyx, computes the boundary inline: the same runs, nothing to observe)."""
-    from twin import replica
+    wrappers off again. The Python replica and its Python decode pass run meanwhile (the
+    typed core, twin/_corec.pyx, and the compiled pass, twin/_loopc.pyx, compute the
+    boundary inline: the same runs, nothing to observe)."""
+    from twin import core, replica
     from twin.replica import Replica
 
     next_boundary, run_decode = Replica._next_boundary, Replica._run_decode
-    loop_c = replica._LOOP_C
-    replica._LOOP_C = None
+    loop_c, typed = replica._LOOP_C, core._CORE
+    replica._LOOP_C = core._CORE = None
 
     def observed_boundary(self, arrivals: bool = True):
         t = next_boundary(self, arrivals)
@@ -94,7 +95,7 @@ def instrument(counts: collections.Counter):
 
     def restore() -> None:
         Replica._next_boundary, Replica._run_decode = next_boundary, run_decode
-        replica._LOOP_C = loop_c
+        replica._LOOP_C, core._CORE = loop_c, typed
 
     return restore
 
