@@ -64,6 +64,13 @@ def both(argv: list[str], monkeypatch) -> int:
     return took
 
 
+def test_the_users_closed_loop(monkeypatch) -> None:
+    """The default run's workload (finance-qa: 50 clients, 10k-128k-token documents
+    behind shared system prompts, on the users' deployment), shorter: the core runs it
+    with the request path's tokenizer queue and egress, the same bytes."""
+    assert both(["--workload", "finance-qa,n=200"], monkeypatch) == 1
+
+
 def test_vidur_without_the_radix_cache(monkeypatch) -> None:
     """Vidur's shapes on the opdb backend with the overlap loop (the speed benchmark's
     run, radix cache off): the core runs it, the same bytes."""
@@ -84,13 +91,14 @@ def test_shared_prefixes_in_the_radix_cache(monkeypatch) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """Mixed chunks, a paged pool, closed-loop clients: the Python replica runs each, and
+    """Mixed chunks, a paged pool, bench_serving's warm-up: the Python replica runs each, and
     `why_not` says why."""
     for extra in (["--enable-mixed-chunk"], ["--page-size", "16"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
-    assert both(["--disable-radix-cache", "--workload", "finance-qa,n=80"], monkeypatch) == 0
+    assert both(["--workload", "arrival=closed,concurrency=4,n=40,clients=bench"],
+                monkeypatch) == 0
 
 
 def test_retractions_failed_growth_and_aborted_prefills(monkeypatch) -> None:
@@ -118,16 +126,19 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        overlap=st.booleans(), eos=st.booleans(),
        chunk=st.sampled_from([None, 512, 2048]),
        horizon=st.sampled_from([None, 5.0, 20.0]),
-       rate=st.sampled_from([0.5, 2, 8, 30]), seed=st.integers(0, 5),
+       rate=st.sampled_from([0.5, 2, 8, 30, "closed:2", "closed:8", "closed:40"]),
+       seed=st.integers(0, 5),
        running=st.sampled_from([None, 3]),
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
                               ",templates=8,template_len=300,share=0.9,system_prompt=200"]))
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
                                        horizon, rate, seed, running, radix) -> None:
-    """`radix`: None, the cache off; else on, over prompts sharing what it names."""
+    """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY"); `radix`:
+    None, the cache off; else on, over prompts sharing what it names."""
+    arrival = (f"arrival=closed,concurrency={rate.split(':')[1]}" if isinstance(rate, str)
+               else f"arrival=poisson,rate={rate}")
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
-            f"arrival=poisson,rate={rate},n=80,prompt=uniform:100:5000,output=uniform:1:700"
-            + (radix or "")]
+            f"{arrival},n=80,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")]
     if radix is None:
         argv.append("--disable-radix-cache")
     if pool is not None:

@@ -236,6 +236,21 @@ cdef class Core:
     # the feed: requests in the scheduler's arrival order
     cdef Py_ssize_t n, in_lo, in_hi, known, n_left
     cdef double fw  # the feeder's next wake-up (INFINITY: none)
+    # closed-loop clients (twin/source.py `Source`, taken over): the released requests'
+    # heap of (arrival at the scheduler, seq, request), their send times by seq, the
+    # requests not yet released from p_next on, the clients' slots, the tokenizer's queue
+    cdef bint closed
+    cdef list heap, pending
+    cdef dict sent_of
+    cdef Py_ssize_t p_next
+    cdef long long limit, in_flight, seq
+    cdef bint has_tok
+    cdef double free_at, per_req, per_tok, latency, egress
+    # the feeder (Deployment.run) waits on `_more` (WAIT), sleeps until fw, or has
+    # ended; `resume`: a leave released `_more` at resume_t, the feeder runs next at
+    # the replica's next yield
+    cdef bint waiting_more, resume
+    cdef double resume_t
     cdef double[::1] at, sent
     cdef list reqs
     # per request
@@ -280,8 +295,27 @@ cdef class Core:
     cdef long long[::1] prefix, cached
     cdef list node, matched
 
-    def __init__(self, rep, list at, list sent, list reqs, object stopped):
-        cdef Py_ssize_t i, n = len(reqs)
+    def __init__(self, rep, tuple columns, object src, object stopped):
+        """`columns`: (arrival times, send times, requests) of an open loop in the
+        scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients."""
+        cdef Py_ssize_t i, n
+        cdef list at, sent, reqs
+        self.closed = columns is None
+        if self.closed:
+            self.heap, self.sent_of = src._ready, src._sent
+            self.pending = list(src._pending)
+            n = len(self.heap) + len(self.pending)
+            at, sent, reqs = [0.0] * n, [0.0] * n, [None] * n
+            self.limit, self.in_flight, self.seq = src._limit, src._in_flight, src._seq
+            path = src._path
+            self.has_tok = src._tokenizer is not None
+            self.free_at = src._tokenizer.free_at if self.has_tok else 0.0
+            self.per_req, self.per_tok = path.per_request_s, path.per_token_s
+            self.latency, self.egress = path.latency_s, path.egress_s
+            src._ready, src._sent, src._pending = [], {}, None  # the core's now
+        else:
+            at, sent, reqs = columns
+            n = len(reqs)
         cap = rep.cap
         self.rep, self.cap = rep, cap
         self.cache, self.st = rep._cache, rep.st
@@ -312,8 +346,10 @@ cdef class Core:
         self.at = np.array(at, dtype=np.float64)
         self.sent = np.array(sent, dtype=np.float64)
         self.reqs = reqs
-        self.prompt = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-        self.max_new = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+        self.prompt = np.array([r.prompt_tokens if r is not None else 0 for r in reqs],
+                               dtype=np.int64)
+        self.max_new = np.array([r.output_tokens if r is not None else 0 for r in reqs],
+                                dtype=np.int64)
         self.gen = np.zeros(n, dtype=np.int64)
         self.computed = np.zeros(n, dtype=np.int64)
         self.private_ = np.zeros(n, dtype=np.int64)
@@ -361,35 +397,102 @@ cdef class Core:
         self.feeder_next(self.now)
 
     # ---- the feed (Deployment.run / pump, Source) -------------------------------------
+    cdef inline double next_at(self):
+        """`Source.next_time`: the next release's arrival at the scheduler (INFINITY:
+        none, for now or for good)."""
+        if self.closed:
+            return self.heap[0][0] if self.heap else INFINITY
+        return self.at[self.in_hi] if self.in_hi < self.n else INFINITY
+
+    cdef int pop_one(self) except -1:
+        """`pop_ready`'s next request becomes request number in_hi."""
+        cdef Py_ssize_t i = self.in_hi
+        if self.closed:
+            t, seq, req = heappop(self.heap)
+            self.at[i] = t
+            self.sent[i] = self.sent_of.pop(seq, t)
+            self.reqs[i] = req
+            self.prompt[i] = req.prompt_tokens
+            self.max_new[i] = req.output_tokens
+        self.in_hi = i + 1
+        return 0
+
+    cdef inline bint exhausted(self):
+        if self.closed:
+            return not self.heap and self.p_next >= len(self.pending)
+        return self.in_hi >= self.n
+
+    cdef int fill(self, double now) except -1:
+        """`Source._fill`: free clients send their next requests (through the tokenizer's
+        queue, one at a time, when the path is on)."""
+        cdef double sent, at, start
+        while self.in_flight < self.limit and self.p_next < len(self.pending):
+            req = self.pending[self.p_next]
+            self.pending[self.p_next] = None
+            self.p_next += 1
+            sent = req.arrival_s
+            if not sent >= now:  # max(arrival, now)
+                sent = now
+            self.in_flight += 1
+            at = sent
+            if self.has_tok:  # Tokenizer.arrival
+                start = sent if sent >= self.free_at else self.free_at
+                self.free_at = start + (self.per_req + self.per_tok * <double>req.prompt_tokens)
+                at = self.free_at + self.latency
+                self.sent_of[self.seq] = sent
+            heappush(self.heap, (at, self.seq, req))
+            self.seq += 1
+        return 0
+
+    cdef int released(self, double now) except -1:
+        """A request left (Deployment.left -> _finish): its client sends the next one
+        when the final chunk is back (`Source.finished`); the waiting feeder is woken
+        (`_release_more`)."""
+        self.in_flight -= 1
+        self.fill(now + self.egress)
+        if self.waiting_more and self.heap and not self.resume:
+            self.resume = True
+            self.resume_t = now
+        return 0
+
     cdef void feeder_next(self, double f):
-        """The feeder at time f decides its next wake-up: `timeout(max(nxt - now, 0))`,
-        none when the source is exhausted or the next send is at or past the horizon."""
-        cdef double nxt
-        if self.in_hi >= self.n:
-            self.fw = INFINITY
+        """The feeder at time f decides what it waits for: `timeout(max(nxt - now, 0))`,
+        the `_more` event when nothing is released yet (closed loop), or nothing more
+        when the source is exhausted or the next send is at or past the horizon."""
+        cdef double nxt = self.next_at()
+        self.fw = INFINITY
+        self.waiting_more = False
+        if nxt == INFINITY:
+            self.waiting_more = not self.exhausted()
             return
-        nxt = self.at[self.in_hi]
         if self.has_horizon and nxt >= self.horizon:
-            self.fw = INFINITY
             return
         self.fw = f + (nxt - f if nxt - f > 0.0 else 0.0)
 
-    cdef bint feeder_fire(self):
+    cdef inline void feeder_yield(self):
+        """The replica yields (a step's sleep, idling): a feeder woken by a leave runs
+        now, at the leave's time, on the releases so far."""
+        if self.resume:
+            self.resume = False
+            self.feeder_next(self.resume_t)
+
+    cdef bint feeder_fire(self) except -1:
         """The feeder's wake-up at `fw`: pump what is due; True when it sent anything."""
         cdef double f = self.fw
         cdef Py_ssize_t before = self.in_hi
-        while self.in_hi < self.n and self.at[self.in_hi] <= f:
-            self.in_hi += 1
+        while self.next_at() <= f:
+            self.pop_one()
         self.feeder_next(f)
         return self.in_hi > before
 
-    cdef void catch_up(self, double now):
+    cdef int catch_up(self, double now) except -1:
         """Every feeder wake-up at or before `now` happens first (same-time order does
         not change what a pass sees), then the replica's own pump."""
         while self.fw <= now:
             self.feeder_fire()
-        while self.in_hi < self.n and self.at[self.in_hi] <= now:
-            self.in_hi += 1
+        while self.next_at() <= now:
+            self.pop_one()
+        return 0
 
     # ---- leaving (Replica._leave, _close_tokens, _finish) ------------------------------
     cdef object simreq(self, long long i):
@@ -456,6 +559,8 @@ cdef class Core:
         r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
         self.finished.append(r)
         self.n_left += 1
+        if self.closed:
+            self.released(self.now)
         return 0
 
     cdef int finish_one(self, long long i, double now) except -1:
@@ -888,6 +993,7 @@ cdef class Core:
         dur = <double>t + 0.0
         self.prefill_steps += 1
         self.busy_s += dur
+        self.feeder_yield()  # the replica sleeps through the step
         self.now = now + dur
         self.now_int = False
         end = self.now
@@ -965,8 +1071,9 @@ cdef class Core:
             limit = now
         if self.overlap and self.in_lo < self.in_hi and now < limit:
             limit = now
-        if not self.batch_full and self.in_hi < self.n and self.at[self.in_hi] < limit:
-            limit = self.at[self.in_hi]
+        x = self.next_at()
+        if not self.batch_full and x < limit:
+            limit = x
         tp = NULL
         if <double>(kv0 + b * (k - 1)) / <double>b <= self.quiet:
             # StepTimeCache.run inline where the run lies in one memo block
@@ -1058,6 +1165,7 @@ cdef class Core:
             i = self.run_[j]
             self.gen[i] += k
             self.private_[i] += k
+        self.feeder_yield()  # the replica sleeps through the run
         self.now = now + dur
         self.now_int = False
         if k >= fewest:
@@ -1153,11 +1261,12 @@ cdef class Core:
                     if self.in_lo < self.in_hi:
                         continue
                     if self.w_len or self.chunked >= 0:
-                        if self.in_hi >= self.n:  # feed.next_arrival() is None
+                        if self.next_at() == INFINITY:  # feed.next_arrival() is None
                             self.reject_stuck()
                             continue
-                    elif self.in_hi >= self.n and self.n_left == self.in_hi:  # feed.done()
+                    elif self.exhausted() and self.n_left == self.in_hi:  # feed.done()
                         break
+                    self.feeder_yield()
                     # _idle: until the feeder sends something, or the horizon
                     wake = INFINITY
                     if self.has_horizon:
@@ -1188,6 +1297,27 @@ cdef class Core:
                    f"{self.capacity - self.used + self.evictable()}")
         return 0
 
+    cdef int drain(self) except -1:
+        """`Deployment._drain`: every released request popped in turn, each releasing
+        its client's next; when the clients' slots are held by requests that never
+        leave, the rest are released regardless (`Source.release_rest`)."""
+        cdef Py_ssize_t k, j
+        cdef long long limit
+        cdef double back = self.now + self.egress
+        while not self.exhausted():
+            k = len(self.heap)
+            if k == 0:
+                limit, self.limit = self.limit, 1 << 62
+                self.fill(back)
+                self.limit = limit
+                continue
+            for j in range(k):
+                self.pop_one()
+            for j in range(k):
+                self.in_flight -= 1
+                self.fill(back)
+        return 0
+
     cdef int end(self) except -1:
         """`Replica._end`: what is inside leaves aborted, then what was never taken in."""
         cdef Py_ssize_t j
@@ -1206,6 +1336,8 @@ cdef class Core:
             self.leave(i, "aborted", msg)
         self.n_run = self.w_len = 0
         self.chunked = -1
+        if self.closed:  # Deployment.unsent: the clients send the rest, in order
+            self.drain()
         msg = f"not sent before the horizon {self.horizon_obj}s"
         for i in range(self.in_lo, self.n):
             r = SimRequest(self.reqs[i], self.sent[i], i)

@@ -4,8 +4,8 @@ arrays; the Python replica (twin/replica.py) is its specification and runs every
 else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
-replica fed open loop (no fleet, no faults, no bench_serving warm-up, no closed-loop
-clients), SGLang's token pool with page 1, the radix cache on or off, no
+replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
+bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, no
 mixed chunks, no priority scheduling, no host tier, swap or defragmentation, a policy
 whose every answer is the queue as it is (fcfs), the step-time memo over a model whose
 answers never change, no step log, no per-pass integrity checks. `why_not` names the
@@ -53,8 +53,10 @@ def why_not(rep, workload) -> str | None:
         (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
         (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
         (src is None or len(feed.replicas) != 1 or feed.fleet or feed.faults
-         or not src.open_loop or workload.clients == "bench" or feed._retry_at,
-         "not one replica fed open loop"),
+         or feed._retry_at, "not one replica fed alone"),
+        (src is not None and (src._warm or src._warm_left or src._offset
+                              or workload.clients == "bench"),
+         "bench_serving's warm-up"),
         (rep._stall or rep.env.now != 0.0 or rep._n_seen or rep.waiting or rep.running,
          "a replica that already ran"),
     )
@@ -82,7 +84,9 @@ def run(rep) -> bool:
     the caller records the unfinished ones, as twin/interrupt.py's callers do)."""
     try:
         with sigint_taken() as stopped:  # checked by the core every 256 passes
-            core = _CORE.Core(rep, *_columns(rep.feed.source), stopped)  # (the lists go)
+            src = rep.feed.source
+            cols = _columns(src) if src.open_loop else None  # (the source's lists go)
+            core = _CORE.Core(rep, cols, src, stopped)
             return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
