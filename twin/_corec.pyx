@@ -1,15 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=False
 """The typed core (issue 14, docs/perf.md "A typed core"): one SGLang replica's whole
-scheduler loop over state it owns in C arrays, for the first coverage of the plan:
-`servetwin simulate` of one replica fed open loop, SGLang's token pool (page 1), no radix
-cache (`--disable-radix-cache`), chunked prefill on or off, the overlap loop on or off, a
+scheduler loop over state it owns in C arrays, for the plan's coverage so far: `servetwin
+simulate` of one replica fed alone, open loop or by closed-loop clients (twin/source.py's
+`Source`, taken over), SGLang's token pool (page 1), the radix cache on or off (`CTree`,
+twin/prefix.py's tree typed), chunked prefill on or off, the overlap loop on or off, a
 policy that keeps the queue's order (fcfs), the step-time memo. `twin/core.py` decides
 whether a run is covered; everything else runs the Python replica (twin/replica.py),
 which is this module's specification, pass by pass and float by float: each function
 below names the method it reproduces. docs/typed-core-inventory.md lists what that is.
 
 Requests are numbered in the order the scheduler takes them in, which for one replica
-fed open loop is the order of their arrivals at the scheduler (`Source`'s heap order):
+fed alone is the order of their arrivals at the scheduler (`Source`'s heap order):
 request i is `SimRequest.index` i. A request's numbers live in the arrays below; its
 `SimRequest` is built when it leaves, with the fields the Python replica would hold then,
 and handed to the replica's `finished` (a `RecordSink` or a list)."""
