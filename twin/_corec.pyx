@@ -17,6 +17,8 @@ and handed to the replica's `finished` (a `RecordSink` or a list)."""
 
 from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport INFINITY, NAN, floor, isnan
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from twin._search cimport search_left
 
@@ -27,6 +29,7 @@ import numpy as np
 
 from twin.config import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS
 from twin.perf.step_cache import BLOCK as _BLOCK
+from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
 
 _new = object.__new__
@@ -35,6 +38,9 @@ _round = builtins.round  # Python's own rounding (the sample's columns)
 cdef long long BLOCK = _BLOCK
 cdef long long CLIP = CLIP_MAX_NEW_TOKENS
 cdef long long RETRACT_STEPS = RETRACT_DECODE_STEPS
+# the step timeline is written into arrays of this many steps (8 MB), the replica's
+# `_end_blocks` once full, its `_end_chunks` the one being filled
+cdef Py_ssize_t TL_BLOCK = 1 << 20
 
 # ---- the radix cache (twin/prefix.py, typed) -------------------------------------------
 cdef class CNode:
@@ -274,7 +280,14 @@ cdef class Core:
     cdef double busy_s
     cdef long long n_dec_steps
     # the Python side
-    cdef object rep, cache, st, finished, progress, series, end_chunks, end_blocks
+    cdef object rep, cache, st, finished, progress, series, end_blocks
+    # the timeline: the block being filled (tl_fill steps of it), a decode run's ends
+    # (scratch), and when a RecordSink reads the timeline (every sink_chunk-th leave)
+    cdef object tl_cur
+    cdef double[::1] tl_view
+    cdef Py_ssize_t tl_fill, scratch_cap
+    cdef double* scratch
+    cdef long long sink_chunk
     cdef object horizon_obj, prefill_memo, stopped, blocks
     cdef double quiet
     # the memo block the last decode run read: (b, r, q) and its steps
@@ -321,7 +334,13 @@ cdef class Core:
         self.rep, self.cap = rep, cap
         self.cache, self.st = rep._cache, rep.st
         self.finished, self.progress, self.series = rep.finished, rep.progress, rep.series
-        self.end_chunks, self.end_blocks = rep._end_chunks, rep._end_blocks
+        self.end_blocks = rep._end_blocks
+        if rep._end_chunks or rep._end_blocks:
+            raise RuntimeError("the typed core starts a replica whose timeline is empty")
+        self.tl_new()
+        self.sink_chunk = 0  # a list: read at the end only
+        if type(rep.finished) is RecordSink:  # it flushes every `chunk` appends
+            self.sink_chunk = rep.finished.chunk if not rep.finished._buf else 1
         self.prefill_memo = rep._cache._prefill
         self.blocks = rep._cache._blocks
         self.quiet = rep._cache.quiet
@@ -396,6 +415,57 @@ cdef class Core:
         # the feeder (Deployment.run), started at time 0 before the replica
         self.fw = INFINITY
         self.feeder_next(self.now)
+
+    def __dealloc__(self):
+        free(self.scratch)
+
+    # ---- the timeline (Replica._add_ends) ---------------------------------------------
+    cdef int tl_new(self) except -1:
+        self.tl_cur = np.empty(TL_BLOCK)
+        self.tl_view = self.tl_cur
+        self.tl_fill = 0
+        return 0
+
+    cdef int tl_add(self, const double* ends, Py_ssize_t k) except -1:
+        """Append k step ends to the timeline."""
+        cdef Py_ssize_t m
+        while k > 0:
+            m = TL_BLOCK - self.tl_fill
+            if m > k:
+                m = k
+            memcpy(&self.tl_view[self.tl_fill], ends, m * sizeof(double))
+            self.tl_fill += m
+            ends += m
+            k -= m
+            if self.tl_fill == TL_BLOCK:
+                self.end_blocks.append(self.tl_cur)
+                self.tl_new()
+        return 0
+
+    cdef int tl_sync(self) except -1:
+        """The replica's timeline lists as a reader expects them (`_parts`)."""
+        self.rep._end_chunks = [self.tl_cur[:self.tl_fill]]
+        return 0
+
+    cdef double* scratch_for(self, Py_ssize_t n) except NULL:
+        if n > self.scratch_cap:
+            free(self.scratch)
+            self.scratch = NULL
+            self.scratch_cap = 0
+            self.scratch = <double*>malloc(n * sizeof(double))
+            if self.scratch == NULL:
+                raise MemoryError()
+            self.scratch_cap = n
+        return self.scratch
+
+    cdef int emit(self, r) except -1:
+        """A leaving request to the replica's `finished`, whose RecordSink reads the
+        timeline when this append fills its chunk."""
+        if self.sink_chunk and (self.n_left + 1) % self.sink_chunk == 0:
+            self.tl_sync()
+        self.finished.append(r)
+        self.n_left += 1
+        return 0
 
     # ---- the feed (Deployment.run / pump, Source) -------------------------------------
     cdef inline double next_at(self):
@@ -558,8 +628,7 @@ cdef class Core:
         self.tok[i] = None  # the request's now (the sink drops it once written)
         r.status, r.error = status, error
         r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
-        self.finished.append(r)
-        self.n_left += 1
+        self.emit(r)
         if self.closed:
             self.released(self.now)
         return 0
@@ -1047,7 +1116,7 @@ cdef class Core:
         cdef long long i, fewest = 0, left, kv0 = 0, k, k_mem, room
         cdef double now = self.now, limit, t, dur, end_k
         cdef double[::1] tv
-        cdef double[::1] ev
+        cdef double* ev
         cdef const double* tp
         cdef long long jj, rr, qq, off
         cdef double x
@@ -1119,8 +1188,7 @@ cdef class Core:
             tv = np.ascontiguousarray(times)
             n = tv.shape[0]
             tp = &tv[0]
-        ends = np.empty(n)
-        ev = ends
+        ev = self.scratch_for(n)
         t = tp[0]
         ev[0] = t
         for j in range(1, n):
@@ -1148,13 +1216,7 @@ cdef class Core:
                 self.retract()
                 return 0
         self.used += b * k
-        part = ends[:k] if k < n else ends
-        chunks = self.end_chunks
-        chunks.append(part)
-        if len(chunks) > 4096:
-            last = len(chunks) - 1
-            self.end_blocks.append(np.concatenate(chunks[:last]))
-            del chunks[:last]
+        self.tl_add(ev, k)
         self.n_dec_steps += k
         end_k = ev[k - 1]
         dur = end_k - now + 0.0
@@ -1343,14 +1405,14 @@ cdef class Core:
         for i in range(self.in_lo, self.n):
             r = SimRequest(self.reqs[i], self.sent[i], i)
             r.status, r.error, r.finish_s = "aborted", msg, self.now
-            self.finished.append(r)
-            self.n_left += 1
+            self.emit(r)
         self.in_lo = self.in_hi = self.n
         return 0
 
     cdef void write_back(self):
         """The replica's own fields, as the Python loop would leave them."""
         rep = self.rep
+        self.tl_sync()
         if self.has_tree:  # the cache the run left (RadixCache's interface, typed)
             rep.tree = self.tree
         rep.env._now = self.now
