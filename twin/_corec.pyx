@@ -16,14 +16,15 @@ request i is `SimRequest.index` i. A request's numbers live in the arrays below;
 and handed to the replica's `finished` (a `RecordSink` or a list)."""
 
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.math cimport INFINITY, NAN, floor, isnan
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from twin._search cimport search_left
 
 import builtins
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -43,6 +44,18 @@ cdef long long RETRACT_STEPS = RETRACT_DECODE_STEPS
 cdef Py_ssize_t TL_BLOCK = 1 << 20
 
 # ---- the radix cache (twin/prefix.py, typed) -------------------------------------------
+cdef struct Lru:
+    # an eviction candidate, RadixCache's heap entry `(last_access, nid, node)`; the node
+    # a reference the heap owns
+    double t
+    long long nid
+    PyObject* node
+
+
+cdef inline bint lru_less(Lru* a, Lru* b) noexcept nogil:
+    return a.t < b.t or (a.t == b.t and a.nid < b.nid)
+
+
 cdef class CNode:
     """twin/prefix.py `Node`, typed: one segment `(hash, n_tokens)` of a cached path."""
     cdef readonly object key
@@ -71,17 +84,68 @@ cdef class CTree:
     cdef readonly CNode root
     cdef long long next_id
     cdef readonly long long n_nodes, total_tokens, evictable_tokens
-    cdef list lru
+    # RadixCache's `_lru` heap, in C: ordered by (t, nid) as its tuples are (two entries
+    # equal in both are the same node, so their order cannot matter)
+    cdef Lru* lru
+    cdef Py_ssize_t lru_n, lru_cap
     cdef readonly object on_evict, on_insert  # None: the core frees evicted nodes itself
 
     def __init__(self):
         self.root = CNode(None, None, 0, 0.0)
         self.root.lock = 1  # never evicted
         self.next_id = 1
-        self.lru = []
 
-    cdef inline void push(self, CNode node, double t):
-        heappush(self.lru, (t, node.nid, node))
+    def __dealloc__(self):
+        cdef Py_ssize_t j
+        for j in range(self.lru_n):
+            Py_DECREF(<object>self.lru[j].node)
+        free(self.lru)
+
+    cdef int push(self, CNode node, double t) except -1:
+        """heapq.heappush(_lru, (t, node.nid, node))."""
+        cdef Py_ssize_t j, up
+        cdef Lru e
+        cdef Lru* grown
+        if self.lru_n == self.lru_cap:
+            grown = <Lru*>realloc(self.lru, (2 * self.lru_cap + 64) * sizeof(Lru))
+            if grown == NULL:
+                raise MemoryError()
+            self.lru = grown
+            self.lru_cap = 2 * self.lru_cap + 64
+        e.t, e.nid, e.node = t, node.nid, <PyObject*>node
+        Py_INCREF(node)
+        j = self.lru_n
+        self.lru_n += 1
+        while j > 0:
+            up = (j - 1) >> 1
+            if not lru_less(&e, &self.lru[up]):
+                break
+            self.lru[j] = self.lru[up]
+            j = up
+        self.lru[j] = e
+        return 0
+
+    cdef Lru pop(self) noexcept:
+        """heapq.heappop(_lru): the least entry (its node reference is the caller's)."""
+        cdef Lru top = self.lru[0], last
+        cdef Py_ssize_t j = 0, c, n
+        self.lru_n -= 1
+        n = self.lru_n
+        if n == 0:
+            return top
+        last = self.lru[n]
+        while True:
+            c = 2 * j + 1
+            if c >= n:
+                break
+            if c + 1 < n and lru_less(&self.lru[c + 1], &self.lru[c]):
+                c += 1
+            if not lru_less(&self.lru[c], &last):
+                break
+            self.lru[j] = self.lru[c]
+            j = c
+        self.lru[j] = last
+        return top
 
     cdef CNode match_(self, tuple segments, double now, long long* matched):
         cdef CNode node = self.root, child
@@ -136,28 +200,28 @@ cdef class CTree:
             node = node.parent
 
     cdef long long evict_(self, long long n_tokens) except -1:
-        cdef list heap = self.lru
         cdef long long freed = 0
         cdef CNode node, parent, c
-        cdef double t
+        cdef Py_ssize_t j
+        cdef Lru e
         cdef list stack
-        if len(heap) > 4 * self.n_nodes + 64:  # rare: drop stale entries
-            leaves = []
+        if self.lru_n > 4 * self.n_nodes + 64:  # rare: drop stale entries
+            for j in range(self.lru_n):
+                Py_DECREF(<object>self.lru[j].node)
+            self.lru_n = 0
             stack = [self.root]
             while stack:
                 c = stack.pop()
                 if c.children:
                     stack.extend(c.children.values())
                 elif c is not self.root and c.lock == 0:
-                    leaves.append((c.last_access, c.nid, c))
-            heap[:] = leaves
-            heapify(heap)
-        while freed < n_tokens and heap:
-            entry = heappop(heap)
-            t = entry[0]
-            node = entry[2]
+                    self.push(c, c.last_access)
+        while freed < n_tokens and self.lru_n:
+            e = self.pop()
+            node = <CNode>e.node
+            Py_DECREF(node)  # the heap's reference (`node` holds its own)
             parent = node.parent
-            if (parent is None or node.lock or node.children or t != node.last_access
+            if (parent is None or node.lock or node.children or e.t != node.last_access
                     or parent.children.get(node.key) is not node):
                 continue  # stale entry
             del parent.children[node.key]
@@ -288,7 +352,8 @@ cdef class Core:
     cdef Py_ssize_t tl_fill, scratch_cap
     cdef double* scratch
     cdef long long sink_chunk
-    cdef object horizon_obj, prefill_memo, stopped, blocks
+    cdef object horizon_obj, stopped
+    cdef dict prefill_memo, blocks  # the step-time memo's (twin/perf/step_cache.py)
     cdef double quiet
     # the memo block the last decode run read: (b, r, q) and its steps
     cdef long long lb, lr, lq
