@@ -17,7 +17,10 @@ The previous commit is checked out with `git worktree add` into a fresh temporar
 (/tmp/servetwin-base-XXXX: two benchmarks at once do not share a tree) and run as
 `PYTHONPATH=/tmp/servetwin-base-XXXX/tree python -m servetwin.cli simulate ...` in the
 same venv, from a directory outside both trees (so neither shadows the other). Each
-child's CPU time and peak RSS come from `os.wait4` (its own `rusage`).
+child's CPU time and peak RSS come from `os.wait4` (its own `rusage`). Each tree's
+bytecode is compiled once into a cache of its own and read from it, as a user's Python
+does (`--bytecode inherit`: as this environment says; with PYTHONDONTWRITEBYTECODE set,
+every run compiles every module).
 """
 
 from __future__ import annotations
@@ -62,9 +65,16 @@ def header(tool: str) -> str:
             f"{os.cpu_count()} CPUs, Python {platform.python_version()})")
 
 
-def run_once(tree: Path, argv: list[str], out: Path) -> tuple[float, float, bool]:
-    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process."""
+def run_once(tree: Path, argv: list[str], out: Path, pyc: Path | None = None
+             ) -> tuple[float, float, bool]:
+    """(CPU seconds, peak RSS in MB, ok) of one `servetwin simulate` process. `pyc`: the
+    tree's own bytecode cache (PYTHONPYCACHEPREFIX), written and read as a user's Python
+    does; None: whatever this environment says (PYTHONDONTWRITEBYTECODE: every import
+    compiles)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if pyc is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pyc)
     cmd = [sys.executable, "-m", "servetwin.cli", "simulate", *argv, "--out", str(out)]
     with tempfile.TemporaryDirectory() as cwd:
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -155,6 +165,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; best of")
     ap.add_argument("--new", default=None, help="measure this commit (a worktree) instead of "
                     "the working tree (which may hold others' unfinished edits)")
+    ap.add_argument("--bytecode", choices=["cached", "inherit"], default="cached",
+                    help="cached (default): each tree's modules compiled once into a cache "
+                    "of its own, by a warm-up run, and read from it, as a user's Python does; "
+                    "inherit: this environment's setting (PYTHONDONTWRITEBYTECODE=1 makes "
+                    "every run compile every module, about 0.1 CPU-s)")
     ns = ap.parse_args()
     new = base_tree(ns.new, "servetwin-new") if ns.new else ROOT
     head = subprocess.run(["git", "-C", str(new), "rev-parse", "--short", "HEAD"],
@@ -170,6 +185,19 @@ def main() -> None:
           + (f"; base {loop_core(base)}" if base else ""))
     for w in ns.workloads:
         print(f"# {w}: servetwin simulate {' '.join(WORKLOADS[w]('N'))}")
+    caches = tempfile.TemporaryDirectory(prefix="servetwin-pyc-")
+    pyc = {}
+    if ns.bytecode == "cached":
+        print("# bytecode: each tree's own cache (PYTHONPYCACHEPREFIX), filled by a warm-up run "
+              "of 100 requests, as a user's Python caches it")
+        for label, tree in (("new", new), ("base", base)):
+            if tree is not None:
+                pyc[tree] = Path(caches.name) / label
+                with tempfile.TemporaryDirectory() as tmp:
+                    run_once(tree, WORKLOADS[ns.workloads[0]](100), Path(tmp), pyc[tree])
+    else:
+        print(f"# bytecode: as this environment says (PYTHONDONTWRITEBYTECODE="
+              f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r})")
     print("| workload | requests | CPU s | requests / CPU-s | peak RSS MB | base CPU s | "
           "base peak MB | speed-up | records |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -183,8 +211,9 @@ def main() -> None:
                     not w.startswith("finance-qa") or n == 600 or takes_preset_keys(base))
                 for _ in range(ns.rounds):
                     if run_base:
-                        best_base = min(best_base, run_once(base, argv, base_out))
-                    best_new = min(best_new, run_once(new, argv, new_out))
+                        best_base = min(best_base, run_once(base, argv, base_out,
+                                                            pyc.get(base)))
+                    best_new = min(best_new, run_once(new, argv, new_out, pyc.get(new)))
                 cpu, rss, ok = best_new
                 row = [w, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}", f"{rss:,.0f}"]
                 if run_base:
@@ -197,6 +226,7 @@ def main() -> None:
     for tree in (base, new if ns.new else None):
         if tree is not None:
             drop_tree(tree)
+    caches.cleanup()
 
 
 if __name__ == "__main__":
