@@ -90,10 +90,20 @@ def test_shared_prefixes_in_the_radix_cache(monkeypatch) -> None:
                 monkeypatch) == 1
 
 
+def test_lpm_above_its_queue_limit(monkeypatch) -> None:
+    """lpm with a queue that grows past 128 (where SGLang's lpm falls back to fcfs and
+    matches request by request) and drains below it again."""
+    assert both([*LLAMA, "--step-time-backend", "roofline", "--schedule-policy", "lpm",
+                 "--max-total-tokens", "20000", "--workload",
+                 "arrival=poisson,rate=300,n=1500,prompt=uniform:10:3000,output=uniform:1:300,"
+                 "templates=4,template_len=20,share=0.8"], monkeypatch) == 1
+
+
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """Mixed chunks, a paged pool, bench_serving's warm-up: the Python replica runs each, and
+    """Mixed chunks, a paged pool, lof, bench_serving's warm-up: the Python replica runs each, and
     `why_not` says why."""
-    for extra in (["--enable-mixed-chunk"], ["--page-size", "16"]):
+    for extra in (["--enable-mixed-chunk"], ["--page-size", "16"],
+                  ["--schedule-policy", "lof"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
@@ -130,17 +140,23 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        seed=st.integers(0, 5),
        running=st.sampled_from([None, 3]),
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
-                              ",templates=8,template_len=300,share=0.9,system_prompt=200"]))
+                              ",templates=8,template_len=300,share=0.9,system_prompt=200",
+                              ",templates=4,template_len=20,share=0.8"]),
+       lpm=st.booleans())
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
-                                       horizon, rate, seed, running, radix) -> None:
+                                       horizon, rate, seed, running, radix, lpm) -> None:
     """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY"); `radix`:
-    None, the cache off; else on, over prompts sharing what it names."""
+    None, the cache off; else on, over prompts sharing what it names (20-token templates:
+    prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
+    `lpm`: SGLang's lpm instead of fcfs."""
     arrival = (f"arrival=closed,concurrency={rate.split(':')[1]}" if isinstance(rate, str)
                else f"arrival=poisson,rate={rate}")
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
             f"{arrival},n=80,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")]
     if radix is None:
         argv.append("--disable-radix-cache")
+    if lpm:
+        argv += ["--schedule-policy", "lpm"]
     if pool is not None:
         argv += ["--max-total-tokens", str(pool)]
     if overlap:

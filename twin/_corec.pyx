@@ -29,9 +29,11 @@ from heapq import heappop, heappush
 import numpy as np
 
 from twin.config import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS
+from twin.policy.base import IN_BATCH_CHECK_THRESHOLD, PREFIX_MATCH_MAX_QUEUE
 from twin.perf.step_cache import BLOCK as _BLOCK
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
+from twin.views import head_key
 
 _new = object.__new__
 _round = builtins.round  # Python's own rounding (the sample's columns)
@@ -39,6 +41,12 @@ _round = builtins.round  # Python's own rounding (the sample's columns)
 cdef long long BLOCK = _BLOCK
 cdef long long CLIP = CLIP_MAX_NEW_TOKENS
 cdef long long RETRACT_STEPS = RETRACT_DECODE_STEPS
+cdef long long IN_BATCH = IN_BATCH_CHECK_THRESHOLD
+cdef Py_ssize_t MATCH_MAX_QUEUE = PREFIX_MATCH_MAX_QUEUE
+# the queue's order (twin/core.py `order_kind`): as it is (fcfs), or SGLang's lpm
+cpdef enum:
+    ORDER_FCFS = 0
+    ORDER_LPM = 1
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -373,10 +381,16 @@ cdef class Core:
     cdef bint has_tree
     cdef long long[::1] prefix, cached
     cdef list node, matched
+    # lpm: the order question each pass, and each request's `head` (its first 32
+    # tokens' key, twin/views.py `head_key`; head_ok 0: None)
+    cdef int order_kind
+    cdef long long[::1] head_h, wtmp
+    cdef signed char[::1] head_ok, wdef
 
-    def __init__(self, rep, tuple columns, object src, object stopped):
+    def __init__(self, rep, tuple columns, object src, object stopped, int order_kind):
         """`columns`: (arrival times, send times, requests) of an open loop in the
-        scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients."""
+        scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients.
+        `order_kind`: ORDER_FCFS or ORDER_LPM."""
         cdef Py_ssize_t i, n
         cdef list at, sent, reqs
         self.closed = columns is None
@@ -468,6 +482,11 @@ cdef class Core:
         self.cached = np.zeros(n, dtype=np.int64)
         self.node = [None] * n
         self.matched = [None] * n
+        self.order_kind = order_kind
+        self.head_h = np.zeros(n, dtype=np.int64)
+        self.head_ok = np.zeros(n, dtype=np.int8)
+        self.wtmp = np.zeros(max(n, 1), dtype=np.int64)
+        self.wdef = np.zeros(max(n, 1), dtype=np.int8)
         self.scheduled_at = NAN
         self.pass_at = 0.0
         self.n_dec_steps = rep.n_dec_steps
@@ -754,6 +773,11 @@ cdef class Core:
                 self.errors[i] = (f"max_new_tokens clipped by SGLang from {self.max_new[i]} to "
                                   f"{room} (max_req_len {self.max_req_len})")
                 self.max_new[i] = room
+            if self.order_kind == ORDER_LPM:
+                h = head_key(req.segments)
+                if h is not None:
+                    self.head_h[i] = h
+                    self.head_ok[i] = 1
             self.w_append(i)
         return 0
 
@@ -1000,6 +1024,60 @@ cdef class Core:
             self.a_take(trunc, 0)
         return self.a_state()
 
+    cdef int order_lpm(self) except -1:
+        """`_order_waiting` under SGLang's lpm (twin/policy/sglang.py `LPM`): up to 128
+        waiting, every one matched in queue order, then sorted, stably, longest cached
+        prefix first, the requests whose short match (at most 32 tokens) shares its first
+        32 tokens with an earlier such request last (`in_batch_deferred`); above 128 the
+        queue stays as it is (fcfs)."""
+        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
+        cdef long long i, v, h
+        cdef bint dv, found
+        if m > MATCH_MAX_QUEUE:
+            return 0
+        if self.has_tree:
+            for j in range(m):
+                self.match(self.w_at(j))
+        if m < 2:
+            return 0
+        for j in range(m):
+            i = self.w_at(j)
+            self.wtmp[j] = i
+            self.wdef[j] = 0
+            if self.prefix[i] > IN_BATCH or not self.head_ok[i]:
+                continue
+            h = self.head_h[i]
+            found = False
+            for k in range(j):  # an earlier request with a short match and this head
+                v = self.wtmp[k]
+                if (self.head_ok[v] and self.head_h[v] == h and self.prefix[v] <= IN_BATCH
+                        and not self.wdef[k]):
+                    found = True
+                    break
+            self.wdef[j] = found
+        # a stable insertion sort: key inf when deferred, else -prefix_len
+        for j in range(1, m):
+            v = self.wtmp[j]
+            dv = self.wdef[j]
+            k = j - 1
+            while k >= 0 and self.lpm_after(self.wtmp[k], self.wdef[k], v, dv):
+                self.wtmp[k + 1] = self.wtmp[k]
+                self.wdef[k + 1] = self.wdef[k]
+                k -= 1
+            self.wtmp[k + 1] = v
+            self.wdef[k + 1] = dv
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
+
+    cdef inline bint lpm_after(self, long long a, bint da, long long b, bint db):
+        """Whether a's key is greater than b's (b moves before a)."""
+        if da:
+            return not db
+        if db:
+            return False
+        return self.prefix[a] < self.prefix[b]
+
     cdef double reserved_sum(self):
         """`Adder._reserved_sum`: sum(min(left, clip) * ratio) in running order (1.0 for
         an ignore_eos request), from an int 0."""
@@ -1041,6 +1119,8 @@ cdef class Core:
         if self.n_run + held >= self.max_running and self.chunked < 0:
             self.batch_full = True
             return False
+        if self.order_kind == ORDER_LPM:
+            self.order_lpm()
         self.a_total_offset = self.reserved_sum()
         self.a_cur_offset = 0
         self.a_rem_input = self.max_prefill
@@ -1066,8 +1146,8 @@ cdef class Core:
             if self.a_n + self.n_run + held >= self.max_running:
                 self.batch_full = True
                 break
-            if self.has_tree:
-                self.match(i)
+            if self.has_tree and (self.order_kind == ORDER_FCFS or self.w_len > MATCH_MAX_QUEUE):
+                self.match(i)  # (lpm matched the whole queue when it ordered it)
             res = self.add_one(i)
             if res != CONTINUE:
                 if res == NO_TOKEN:

@@ -7,7 +7,7 @@ The coverage, checked here before anything runs (the first of docs/perf.md's pla
 replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
 bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, no
 mixed chunks, no priority scheduling, no host tier, swap or defragmentation, a policy
-whose every answer is the queue as it is (fcfs), the step-time memo over a model whose
+whose every answer is the queue as it is (fcfs) or SGLang's lpm, the step-time memo over a model whose
 answers never change, no step log, no per-pass integrity checks. `why_not` names the
 first thing outside it."""
 
@@ -21,6 +21,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
+from twin.policy.sglang import LPM
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -47,9 +48,7 @@ def why_not(rep, workload) -> str | None:
         (rep.preempt or rep.slice_s, "preemption or time slices"),
         (type(rep.decider) is not PolicyDecider or rep.decider.log is not None,
          "an outside or logged decider"),
-        (not pol.keeps_queue_order() or pol.chunks or pol.preempts_for_kv
-         or type(pol).wants_prefix_match is not Policy.wants_prefix_match
-         or getattr(pol, "chunk_limit", None) is not None, f"the policy {pol.name}"),
+        (order_kind(pol) is None, f"the policy {pol.name}"),
         (rep.swap.min_tokens is not None or rep.defrag.enabled, "swap or defragmentation"),
         (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
         (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
@@ -64,6 +63,20 @@ def why_not(rep, workload) -> str | None:
     for bad, why in checks:
         if bad:
             return why
+    return None
+
+
+def order_kind(pol: Policy) -> int | None:
+    """How the core orders the queue for `pol`: as it is (a policy whose every answer is
+    the queue as it is: fcfs), by SGLang's lpm (`LPM` itself, without priority
+    scheduling), or None: outside the coverage."""
+    if pol.chunks or pol.preempts_for_kv or getattr(pol, "chunk_limit", None) is not None:
+        return None
+    if (pol.keeps_queue_order()
+            and type(pol).wants_prefix_match is Policy.wants_prefix_match):
+        return _CORE.ORDER_FCFS
+    if type(pol) is LPM and not pol.priority_scheduling:
+        return _CORE.ORDER_LPM
     return None
 
 
@@ -92,7 +105,7 @@ def run(rep) -> bool:
         with sigint_taken() as stopped:  # checked by the core every 256 passes
             src = rep.feed.source
             cols = _columns(src) if src.open_loop else None  # (the source's lists go)
-            core = _CORE.Core(rep, cols, src, stopped)
+            core = _CORE.Core(rep, cols, src, stopped, order_kind(rep.policy))
             return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
