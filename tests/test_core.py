@@ -90,6 +90,16 @@ def test_shared_prefixes_in_the_radix_cache(monkeypatch) -> None:
                 monkeypatch) == 1
 
 
+def test_priority_preemption(monkeypatch) -> None:
+    """SGLang's priority scheduling: the queue by priority, and a full batch's
+    lower-priority requests preempted for a waiting one more than 10 above them (this run
+    preempts 23 times)."""
+    assert both([*LLAMA, "--step-time-backend", "roofline", "--enable-priority-scheduling",
+                 "--max-running-requests", "4", "--workload",
+                 "arrival=poisson,rate=30,n=400,prompt=uniform:10:3000,output=uniform:1:300,"
+                 "tiers=0:0.6/20:0.3/40:0.1"], monkeypatch) == 1
+
+
 def test_lpm_above_its_queue_limit(monkeypatch) -> None:
     """lpm with a queue that grows past 128 (where SGLang's lpm falls back to fcfs and
     matches request by request) and drains below it again."""
@@ -142,21 +152,29 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
                               ",templates=8,template_len=300,share=0.9,system_prompt=200",
                               ",templates=4,template_len=20,share=0.8"]),
-       lpm=st.booleans())
+       lpm=st.booleans(), prio=st.sampled_from([None, "high", "low"]))
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
-                                       horizon, rate, seed, running, radix, lpm) -> None:
+                                       horizon, rate, seed, running, radix, lpm,
+                                       prio) -> None:
     """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY"); `radix`:
     None, the cache off; else on, over prompts sharing what it names (20-token templates:
     prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
-    `lpm`: SGLang's lpm instead of fcfs."""
+    `lpm`: SGLang's lpm instead of fcfs; `prio`: SGLang's priority scheduling (high or low
+    values first) over three tiers 20 apart (each preempts the one below: the threshold
+    is 10), with fcfs."""
     arrival = (f"arrival=closed,concurrency={rate.split(':')[1]}" if isinstance(rate, str)
                else f"arrival=poisson,rate={rate}")
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
-            f"{arrival},n=80,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")]
+            f"{arrival},n=80,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")
+            + (",tiers=0:0.6/20:0.3/40:0.1" if prio else "")]
     if radix is None:
         argv.append("--disable-radix-cache")
-    if lpm:
+    if lpm and not prio:
         argv += ["--schedule-policy", "lpm"]
+    if prio:
+        argv.append("--enable-priority-scheduling")
+    if prio == "low":
+        argv.append("--schedule-low-priority-values-first")
     if pool is not None:
         argv += ["--max-total-tokens", str(pool)]
     if overlap:

@@ -47,6 +47,7 @@ cdef Py_ssize_t MATCH_MAX_QUEUE = PREFIX_MATCH_MAX_QUEUE
 cpdef enum:
     ORDER_FCFS = 0
     ORDER_LPM = 1
+    ORDER_PRIORITY = 2  # fcfs under --enable-priority-scheduling: by priority, preempting
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -386,6 +387,13 @@ cdef class Core:
     cdef int order_kind
     cdef long long[::1] head_h, wtmp
     cdef signed char[::1] head_ok, wdef
+    # priority scheduling: each request's priority and preemptions, the policy's sign
+    # (1: low values first) and preemption threshold, the victims' search buffers
+    cdef bint preempt
+    cdef long long sign
+    cdef double threshold
+    cdef long long[::1] prio, preemptions_, vict
+    cdef long long n_preemptions
 
     def __init__(self, rep, tuple columns, object src, object stopped, int order_kind):
         """`columns`: (arrival times, send times, requests) of an open loop in the
@@ -483,6 +491,14 @@ cdef class Core:
         self.node = [None] * n
         self.matched = [None] * n
         self.order_kind = order_kind
+        self.preempt = order_kind == ORDER_PRIORITY
+        pol = rep.policy
+        self.sign, self.threshold = pol.sign, pol.threshold
+        self.prio = np.array([r.priority if r is not None else 0 for r in reqs],
+                             dtype=np.int64)
+        self.preemptions_ = np.zeros(n, dtype=np.int64)
+        self.vict = np.zeros(min(n, self.max_running) + 2, dtype=np.int64)
+        self.n_preemptions = rep.counters.preemptions
         self.head_h = np.zeros(n, dtype=np.int64)
         self.head_ok = np.zeros(n, dtype=np.int8)
         self.wtmp = np.zeros(max(n, 1), dtype=np.int64)
@@ -569,6 +585,7 @@ cdef class Core:
             self.reqs[i] = req
             self.prompt[i] = req.prompt_tokens
             self.max_new[i] = req.output_tokens
+            self.prio[i] = req.priority
         self.in_hi = i + 1
         return 0
 
@@ -673,7 +690,7 @@ cdef class Core:
         r.head = None
         r.cached_tokens = self.cached[i]
         r.retractions = self.retractions[i]
-        r.preemptions = 0
+        r.preemptions = self.preemptions_[i]
         r.status = ""
         r.error = self.errors[i]
         x = self.first_admit[i]
@@ -872,8 +889,8 @@ cdef class Core:
         self.used += n
         return True
 
-    cdef int release_to_queue(self, long long i) except -1:
-        """`_release_to_queue(r, preempted=False)`: a retraction."""
+    cdef int release_to_queue(self, long long i, bint preempted=False) except -1:
+        """`_release_to_queue`: a retraction, or a priority preemption."""
         self.close_tokens(i)
         self.release_kv(i)
         self.computed[i] = 0
@@ -881,8 +898,12 @@ cdef class Core:
         self.left_batch[i] = self.now
         self.queue_entry[i] = self.now
         self.arrival_work[i] = self.prefill_tokens
-        self.retractions[i] += 1
-        self.n_retractions += 1
+        if preempted:
+            self.preemptions_[i] += 1
+            self.n_preemptions += 1
+        else:
+            self.retractions[i] += 1
+            self.n_retractions += 1
         self.w_append(i)
         return 0
 
@@ -1024,6 +1045,104 @@ cdef class Core:
             self.a_take(trunc, 0)
         return self.a_state()
 
+    cdef int order_priority(self) except -1:
+        """`_order_waiting` under priority scheduling: `keyed_order` by (sign x
+        priority, queue entry), stable (an insertion sort: the queue is mostly in order
+        from the last pass)."""
+        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
+        cdef long long v
+        if m < 2:
+            return 0
+        for j in range(m):
+            self.wtmp[j] = self.w_at(j)
+        for j in range(1, m):
+            v = self.wtmp[j]
+            k = j - 1
+            while k >= 0 and self.prio_after(self.wtmp[k], v):
+                self.wtmp[k + 1] = self.wtmp[k]
+                k -= 1
+            self.wtmp[k + 1] = v
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
+
+    cdef inline bint prio_after(self, long long a, long long b):
+        """Whether a's key (sign x priority, queue entry) is greater than b's."""
+        cdef long long ka = self.sign * self.prio[a], kb = self.sign * self.prio[b]
+        if ka != kb:
+            return ka > kb
+        return self.queue_entry[a] > self.queue_entry[b]
+
+    cdef inline double reservation(self, long long v):
+        """twin/policy/base.py `reservation` of running request v."""
+        cdef long long left = self.max_new[v] - self.gen[v]
+        if left > CLIP:
+            left = CLIP
+        return <double>left * (1.0 if self.eos[v] else self.ratio)
+
+    cdef bint try_preempt(self, long long i) except -1:
+        """`_try_preempt` for waiting request i with SGLang's priority victims
+        (twin/policy/base.py `priority_victims`): running requests by lowest priority,
+        then newest queue entry, each whose priority is lower than i's by more than the
+        threshold, until their reservations cover what i needs; they leave the batch in
+        descending position, their reservations credited to the budget."""
+        cdef long long mx = self.max_new[i], v, cprio = self.prio[i]
+        cdef double need
+        cdef Py_ssize_t j, k, nv = 0, m = self.n_run
+        if self.has_tree:
+            self.match(i)
+        need = <double>(self.prompt[i] + self.gen[i] - self.prefix[i]
+                        + (mx if mx < CLIP else CLIP)) - self.rem_total()
+        if m == 0:
+            return False
+        # the running batch's positions sorted (stably) by (-sign x priority, -queue entry)
+        for j in range(m):
+            self.tmp[j] = j
+        for j in range(1, m):
+            v = self.tmp[j]
+            k = j - 1
+            while k >= 0 and self.victim_after(self.run_[self.tmp[k]], self.run_[v]):
+                self.tmp[k + 1] = self.tmp[k]
+                k -= 1
+            self.tmp[k + 1] = v
+        for j in range(m):
+            v = self.run_[self.tmp[j]]
+            if <double>((cprio - self.prio[v]) * -self.sign) > self.threshold:
+                self.vict[nv] = self.tmp[j]
+                nv += 1
+                need -= self.reservation(v)
+                if need <= 0:
+                    break
+            else:
+                break
+        if nv == 0 or need > 0:
+            return False
+        # in descending position: pop, credit, release
+        for j in range(1, nv):
+            v = self.vict[j]
+            k = j - 1
+            while k >= 0 and self.vict[k] < v:
+                self.vict[k + 1] = self.vict[k]
+                k -= 1
+            self.vict[k + 1] = v
+        for j in range(nv):
+            k = self.vict[j]
+            v = self.run_[k]
+            while k < self.n_run - 1:
+                self.run_[k] = self.run_[k + 1]
+                k += 1
+            self.n_run -= 1
+            self.a_total_offset -= self.reservation(v)
+            self.release_to_queue(v, True)
+        return True
+
+    cdef inline bint victim_after(self, long long a, long long b):
+        """Whether a's key (-sign x priority, -queue entry) is greater than b's."""
+        cdef long long ka = -self.sign * self.prio[a], kb = -self.sign * self.prio[b]
+        if ka != kb:
+            return ka > kb
+        return -self.queue_entry[a] > -self.queue_entry[b]
+
     cdef int order_lpm(self) except -1:
         """`_order_waiting` under SGLang's lpm (twin/policy/sglang.py `LPM`): up to 128
         waiting, every one matched in queue order, then sorted, stably, longest cached
@@ -1111,16 +1230,21 @@ cdef class Core:
         cdef long long i, left, rem, ext, fut
         cdef bint truncated, had_chunked = self.chunked >= 0
         cdef int res
+        cdef Py_ssize_t m0
+        if self.preempt:
+            self.batch_full = False  # SGLang resets it to try preemption each pass
         if self.chunked >= 0:
             self.batch_full = False
         elif self.w_len == 0 or self.batch_full:
             return False
         held = self.fl_slots
-        if self.n_run + held >= self.max_running and self.chunked < 0:
+        if self.n_run + held >= self.max_running and self.chunked < 0 and not self.preempt:
             self.batch_full = True
             return False
         if self.order_kind == ORDER_LPM:
             self.order_lpm()
+        elif self.order_kind == ORDER_PRIORITY:
+            self.order_priority()
         self.a_total_offset = self.reserved_sum()
         self.a_cur_offset = 0
         self.a_rem_input = self.max_prefill
@@ -1141,12 +1265,15 @@ cdef class Core:
             self.a_take(ext, 0 if truncated else fut)
             self.a_continuing = truncated
             self.chunked = i if truncated else -1
-        for j in range(self.w_len):
+        m0 = self.w_len  # (preempted requests join the queue's tail: not this pass's)
+        for j in range(m0):
             i = self.w_at(j)
             if self.a_n + self.n_run + held >= self.max_running:
                 self.batch_full = True
-                break
-            if self.has_tree and (self.order_kind == ORDER_FCFS or self.w_len > MATCH_MAX_QUEUE):
+            if self.batch_full:
+                if not self.preempt or not self.try_preempt(i):
+                    break
+            if self.has_tree and (self.order_kind != ORDER_LPM or self.w_len > MATCH_MAX_QUEUE):
                 self.match(i)  # (lpm matched the whole queue when it ordered it)
             res = self.add_one(i)
             if res != CONTINUE:
@@ -1287,7 +1414,7 @@ cdef class Core:
         if self.overlap and self.in_lo < self.in_hi and now < limit:
             limit = now
         x = self.next_at()
-        if not self.batch_full and x < limit:
+        if (not self.batch_full or self.preempt) and x < limit:
             limit = x
         tp = NULL
         if <double>(kv0 + b * (k - 1)) / <double>b <= self.quiet:
@@ -1569,4 +1696,5 @@ cdef class Core:
         c = rep.counters
         c.prefill_steps, c.decode_steps = self.prefill_steps, self.decode_steps
         c.prefill_tokens, c.retractions = self.prefill_tokens, self.n_retractions
+        c.preemptions = self.n_preemptions
         c.busy_s = self.busy_s

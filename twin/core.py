@@ -6,8 +6,9 @@ else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
 replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
 bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, no
-mixed chunks, no priority scheduling, no host tier, swap or defragmentation, a policy
-whose every answer is the queue as it is (fcfs) or SGLang's lpm, the step-time memo over a model whose
+mixed chunks, no host tier, swap or defragmentation, a policy whose every answer is the
+queue as it is (fcfs), SGLang's lpm, or fcfs under SGLang's priority scheduling (with its
+preemption), the step-time memo over a model whose
 answers never change, no step log, no per-pass integrity checks. `why_not` names the
 first thing outside it."""
 
@@ -21,7 +22,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
-from twin.policy.sglang import LPM
+from twin.policy.sglang import FCFS, LPM
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -45,7 +46,8 @@ def why_not(rep, workload) -> str | None:
         (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
         (args.enable_mixed_chunk, "--enable-mixed-chunk"),
         (args.enable_hierarchical_cache, "the host tier"),
-        (rep.preempt or rep.slice_s, "preemption or time slices"),
+        (rep.slice_s or rep.preempt and order_kind(pol) != _CORE.ORDER_PRIORITY,
+         "preemption other than SGLang's priority scheduling, or time slices"),
         (type(rep.decider) is not PolicyDecider or rep.decider.log is not None,
          "an outside or logged decider"),
         (order_kind(pol) is None, f"the policy {pol.name}"),
@@ -69,7 +71,8 @@ def why_not(rep, workload) -> str | None:
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
     the queue as it is: fcfs), by SGLang's lpm (`LPM` itself, without priority
-    scheduling), or None: outside the coverage."""
+    scheduling), by priority with SGLang's preemption (fcfs under
+    `--enable-priority-scheduling`), or None: outside the coverage."""
     if pol.chunks or pol.preempts_for_kv or getattr(pol, "chunk_limit", None) is not None:
         return None
     if (pol.keeps_queue_order()
@@ -77,6 +80,9 @@ def order_kind(pol: Policy) -> int | None:
         return _CORE.ORDER_FCFS
     if type(pol) is LPM and not pol.priority_scheduling:
         return _CORE.ORDER_LPM
+    if (type(pol) is FCFS and pol.priority_scheduling and type(pol).order is Policy.order
+            and type(pol).decide is Policy.decide and type(pol).victims is Policy.victims):
+        return _CORE.ORDER_PRIORITY
     return None
 
 
