@@ -310,7 +310,7 @@ cdef class Core:
     # the server
     cdef long long capacity, used, oom, max_running, max_prefill, chunk, max_req_input
     cdef long long max_req_len
-    cdef bint has_chunk, overlap, has_horizon, run_eos
+    cdef bint has_chunk, overlap, has_horizon, run_eos, mixed
     cdef double horizon, every, next_sample
     cdef double init_ratio, min_ratio, decay, ratio
     # the feed: requests in the scheduler's arrival order
@@ -349,7 +349,7 @@ cdef class Core:
     cdef double scheduled_at, pass_at  # NAN: None
     cdef long long fl_slots, fl_tokens, fl_next_slots, fl_next_tokens
     # counters (twin.replica_memory.Counters)
-    cdef long long prefill_steps, decode_steps, prefill_tokens, n_retractions
+    cdef long long prefill_steps, decode_steps, prefill_tokens, n_retractions, mixed_steps
     cdef double busy_s
     cdef long long n_dec_steps
     # the Python side
@@ -442,6 +442,7 @@ cdef class Core:
         self.max_req_input = cap.max_req_input_len
         self.max_req_len = min(cap.context_len, cap.max_total_num_tokens)
         self.overlap = rep.freed_later is not None
+        self.mixed = bool(rep.args.enable_mixed_chunk)
         self.horizon_obj = rep.horizon
         self.has_horizon = rep.horizon is not None
         self.horizon = rep.horizon if self.has_horizon else INFINITY
@@ -509,6 +510,7 @@ cdef class Core:
         c = rep.counters
         self.prefill_steps, self.decode_steps = c.prefill_steps, c.decode_steps
         self.prefill_tokens, self.n_retractions = c.prefill_tokens, c.retractions
+        self.mixed_steps = c.mixed_steps
         self.busy_s = c.busy_s  # (stall_s: nothing in the coverage stalls)
         self.now = rep.env.now
         self.now_int = type(rep.env.now) is int
@@ -1245,10 +1247,12 @@ cdef class Core:
             self.order_lpm()
         elif self.order_kind == ORDER_PRIORITY:
             self.order_priority()
-        self.a_total_offset = self.reserved_sum()
-        self.a_cur_offset = 0
-        self.a_rem_input = self.max_prefill
-        self.a_rem_chunk = self.chunk
+        # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
+        mixed_bs = self.n_run if self.mixed else 0
+        self.a_total_offset = <double>mixed_bs + self.reserved_sum()
+        self.a_cur_offset = mixed_bs
+        self.a_rem_input = self.max_prefill - mixed_bs
+        self.a_rem_chunk = self.chunk - mixed_bs
         self.a_n = 0
         self.a_new_chunked = -1
         self.a_continuing = False
@@ -1296,6 +1300,7 @@ cdef class Core:
         cdef long long i, ext, tokens = 0
         cdef double now = self.now, dur, end
         cdef long long before
+        cdef bint decoders
         self.scheduled_at = self.pass_at if self.overlap else NAN
         # place each (a_req/a_ext are compacted to the placed ones)
         for j in range(self.a_n):
@@ -1322,23 +1327,39 @@ cdef class Core:
         self.placed_any = m > 0
         if m == 0:
             return 0
+        # the running batch decodes in this step if its tokens fit (check_decode_mem): a
+        # mixed step never retracts
+        decoders = self.mixed and self.n_run > 0 and not self.room() < self.n_run
+        if decoders and not self.grow(1):
+            decoders = False
         chunks = []
         for j in range(m):
             i = self.a_req[j]
             chunks.append((self.a_ext[j], self.computed[i]))
             tokens += self.a_ext[j]
         self.prefill_tokens += tokens
-        key = tuple(chunks)
-        t = self.prefill_memo.get(key)
-        if t is None:
-            t = self.cache.prefill(chunks)
+        if decoders:
+            t = self.st.step_time(chunks, [self.prompt[self.run_[j]] + self.gen[self.run_[j]]
+                                           for j in range(self.n_run)])
+            self.mixed_steps += 1
+        else:
+            key = tuple(chunks)
+            t = self.prefill_memo.get(key)
+            if t is None:
+                t = self.cache.prefill(chunks)
+            self.prefill_steps += 1
         dur = <double>t + 0.0
-        self.prefill_steps += 1
         self.busy_s += dur
         self.feeder_yield()  # the replica sleeps through the step
         self.now = now + dur
         self.now_int = False
         end = self.now
+        if decoders:  # their token from this step (`_advance(decoders, 1)`)
+            self.tl_add(&end, 1)
+            self.n_dec_steps += 1
+            for j in range(self.n_run):
+                self.gen[self.run_[j]] += 1
+                self.private_[self.run_[j]] += 1
         for j in range(m):
             i = self.a_req[j]
             self.computed[i] += self.a_ext[j]
@@ -1364,6 +1385,8 @@ cdef class Core:
                     self.fl_add(1, self.room() - before)
             else:
                 self.join_running(i, end)
+        if decoders:
+            self.finish_done(end)
         return 0
 
     cdef inline void fl_add(self, long long slots, long long tokens):
@@ -1473,21 +1496,8 @@ cdef class Core:
             if kk > n:
                 kk = n
             k = kk
-        # _grow_decoders on a token pool
-        if self.has_tree and b * k > self.capacity - self.used:
-            self.evict(b * k - (self.capacity - self.used))
-        if b * k > self.capacity - self.used:
-            self.oom += 1
-            if self.has_tree and self.evictable():
-                self.evict(self.evictable())
-                if b * k > self.capacity - self.used:
-                    self.oom += 1
-                    self.retract()
-                    return 0
-            else:
-                self.retract()
-                return 0
-        self.used += b * k
+        if not self.grow(k):
+            return 0
         self.tl_add(ev, k)
         self.n_dec_steps += k
         end_k = ev[k - 1]
@@ -1506,6 +1516,27 @@ cdef class Core:
         if k >= fewest:
             self.finish_done(self.now)
         return 0
+
+    cdef bint grow(self, long long k) except -1:
+        """`_grow_decoders(running, k)` on a token pool: k more tokens for each running
+        request, cached prefixes evicted when short; False (after SGLang's retraction)
+        when even that cannot hold them."""
+        cdef long long need = self.n_run * k
+        if self.has_tree and need > self.capacity - self.used:
+            self.evict(need - (self.capacity - self.used))
+        if need > self.capacity - self.used:
+            self.oom += 1
+            if self.has_tree and self.evictable():
+                self.evict(self.evictable())
+                if need > self.capacity - self.used:
+                    self.oom += 1
+                    self.retract()
+                    return False
+            else:
+                self.retract()
+                return False
+        self.used += need
+        return True
 
     cdef int finish_done(self, double now) except -1:
         cdef Py_ssize_t j, m = 0, nd = 0
@@ -1697,4 +1728,5 @@ cdef class Core:
         c.prefill_steps, c.decode_steps = self.prefill_steps, self.decode_steps
         c.prefill_tokens, c.retractions = self.prefill_tokens, self.n_retractions
         c.preemptions = self.n_preemptions
+        c.mixed_steps = self.mixed_steps
         c.busy_s = self.busy_s

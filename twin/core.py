@@ -5,12 +5,11 @@ else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
 replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
-bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, no
-mixed chunks, no host tier, swap or defragmentation, a policy whose every answer is the
-queue as it is (fcfs), SGLang's lpm, or fcfs under SGLang's priority scheduling (with its
-preemption), the step-time memo over a model whose
-answers never change, no step log, no per-pass integrity checks. `why_not` names the
-first thing outside it."""
+bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, mixed
+chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
+the queue as it is (fcfs), SGLang's lpm, or fcfs under SGLang's priority scheduling (with
+its preemption), the step-time memo over a model whose answers never change, no step
+log, no per-pass integrity checks. `why_not` names the first thing outside it."""
 
 from __future__ import annotations
 
@@ -44,7 +43,6 @@ def why_not(rep, workload) -> str | None:
                                    or rep.tree.on_insert is not None or rep.tree.n_nodes),
          "a radix cache with a host tier, or already filled"),
         (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
-        (args.enable_mixed_chunk, "--enable-mixed-chunk"),
         (args.enable_hierarchical_cache, "the host tier"),
         (rep.slice_s or rep.preempt and order_kind(pol) != _CORE.ORDER_PRIORITY,
          "preemption other than SGLang's priority scheduling, or time slices"),
