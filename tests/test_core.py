@@ -110,9 +110,9 @@ def test_lpm_above_its_queue_limit(monkeypatch) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """A paged pool, lof, bench_serving's warm-up: the Python replica runs each, and
+    """A paged pool, hrrn, bench_serving's warm-up: the Python replica runs each, and
     `why_not` says why."""
-    for extra in (["--page-size", "16"], ["--schedule-policy", "lof"]):
+    for extra in (["--page-size", "16"], ["--schedule-policy", "hrrn"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
@@ -151,17 +151,18 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
                               ",templates=8,template_len=300,share=0.9,system_prompt=200",
                               ",templates=4,template_len=20,share=0.8"]),
-       lpm=st.booleans(), prio=st.sampled_from([None, "high", "low"]), mixed=st.booleans())
+       policy=st.sampled_from([None, "lpm", "lof"]), prio=st.sampled_from([None, "high", "low"]),
+       mixed=st.booleans())
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
-                                       horizon, rate, seed, running, radix, lpm,
+                                       horizon, rate, seed, running, radix, policy,
                                        prio, mixed) -> None:
     """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY"); `radix`:
     None, the cache off; else on, over prompts sharing what it names (20-token templates:
     prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
-    `lpm`: SGLang's lpm instead of fcfs; `prio`: SGLang's priority scheduling (high or low
-    values first) over three tiers 20 apart (each preempts the one below: the threshold
-    is 10), with fcfs; `mixed`: --enable-mixed-chunk (the running batch decodes in each
-    prefill step its tokens fit in)."""
+    `policy`: SGLang's lpm or lof instead of fcfs; `prio`: SGLang's priority scheduling
+    (high or low values first) over three tiers 20 apart (each preempts the one below: the
+    threshold is 10), with fcfs; `mixed`: --enable-mixed-chunk (the running batch decodes
+    in each prefill step its tokens fit in)."""
     arrival = (f"arrival=closed,concurrency={rate.split(':')[1]}" if isinstance(rate, str)
                else f"arrival=poisson,rate={rate}")
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
@@ -169,8 +170,8 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
             + (",tiers=0:0.6/20:0.3/40:0.1" if prio else "")]
     if radix is None:
         argv.append("--disable-radix-cache")
-    if lpm and not prio:
-        argv += ["--schedule-policy", "lpm"]
+    if policy and not prio:
+        argv += ["--schedule-policy", policy]
     if prio:
         argv.append("--enable-priority-scheduling")
     if prio == "low":

@@ -48,6 +48,7 @@ cpdef enum:
     ORDER_FCFS = 0
     ORDER_LPM = 1
     ORDER_PRIORITY = 2  # fcfs under --enable-priority-scheduling: by priority, preempting
+    ORDER_LOF = 3  # SGLang's lof: most max_new_tokens first
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -1047,10 +1048,10 @@ cdef class Core:
             self.a_take(trunc, 0)
         return self.a_state()
 
-    cdef int order_priority(self) except -1:
-        """`_order_waiting` under priority scheduling: `keyed_order` by (sign x
-        priority, queue entry), stable (an insertion sort: the queue is mostly in order
-        from the last pass)."""
+    cdef int order_keyed(self) except -1:
+        """`_order_waiting` for a policy whose order is `keyed_order` by a key: under
+        priority scheduling (sign x priority, queue entry), lof's -max_new_tokens; stable
+        (an insertion sort: the queue is mostly in order from the last pass)."""
         cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
         cdef long long v
         if m < 2:
@@ -1060,7 +1061,7 @@ cdef class Core:
         for j in range(1, m):
             v = self.wtmp[j]
             k = j - 1
-            while k >= 0 and self.prio_after(self.wtmp[k], v):
+            while k >= 0 and self.key_after(self.wtmp[k], v):
                 self.wtmp[k + 1] = self.wtmp[k]
                 k -= 1
             self.wtmp[k + 1] = v
@@ -1068,9 +1069,13 @@ cdef class Core:
             self.wq[(self.w_head + j) % cap] = self.wtmp[j]
         return 0
 
-    cdef inline bint prio_after(self, long long a, long long b):
-        """Whether a's key (sign x priority, queue entry) is greater than b's."""
-        cdef long long ka = self.sign * self.prio[a], kb = self.sign * self.prio[b]
+    cdef inline bint key_after(self, long long a, long long b):
+        """Whether a's key is greater than b's: lof's -max_new_tokens, or priority
+        scheduling's (sign x priority, queue entry)."""
+        cdef long long ka, kb
+        if self.order_kind == ORDER_LOF:
+            return self.max_new[a] < self.max_new[b]
+        ka, kb = self.sign * self.prio[a], self.sign * self.prio[b]
         if ka != kb:
             return ka > kb
         return self.queue_entry[a] > self.queue_entry[b]
@@ -1245,8 +1250,8 @@ cdef class Core:
             return False
         if self.order_kind == ORDER_LPM:
             self.order_lpm()
-        elif self.order_kind == ORDER_PRIORITY:
-            self.order_priority()
+        elif self.order_kind == ORDER_PRIORITY or self.order_kind == ORDER_LOF:
+            self.order_keyed()
         # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
         mixed_bs = self.n_run if self.mixed else 0
         self.a_total_offset = <double>mixed_bs + self.reserved_sum()

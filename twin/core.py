@@ -7,8 +7,8 @@ The coverage, checked here before anything runs (the first of docs/perf.md's pla
 replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
 bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
-the queue as it is (fcfs), SGLang's lpm, or fcfs under SGLang's priority scheduling (with
-its preemption), the step-time memo over a model whose answers never change, no step
+the queue as it is (fcfs), SGLang's lpm or lof, or fcfs under SGLang's priority scheduling
+(with its preemption), the step-time memo over a model whose answers never change, no step
 log, no per-pass integrity checks. `why_not` names the first thing outside it."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
-from twin.policy.sglang import FCFS, LPM
+from twin.policy.sglang import FCFS, LOF, LPM
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -69,8 +69,9 @@ def why_not(rep, workload) -> str | None:
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
     the queue as it is: fcfs), by SGLang's lpm (`LPM` itself, without priority
-    scheduling), by priority with SGLang's preemption (fcfs under
-    `--enable-priority-scheduling`), or None: outside the coverage."""
+    scheduling), by SGLang's lof (most output tokens first, without priority scheduling),
+    by priority with SGLang's preemption (fcfs under `--enable-priority-scheduling`), or
+    None: outside the coverage."""
     if pol.chunks or pol.preempts_for_kv or getattr(pol, "chunk_limit", None) is not None:
         return None
     if (pol.keeps_queue_order()
@@ -78,6 +79,8 @@ def order_kind(pol: Policy) -> int | None:
         return _CORE.ORDER_FCFS
     if type(pol) is LPM and not pol.priority_scheduling:
         return _CORE.ORDER_LPM
+    if type(pol) is LOF and not pol.priority_scheduling:
+        return _CORE.ORDER_LOF
     if (type(pol) is FCFS and pol.priority_scheduling and type(pol).order is Policy.order
             and type(pol).decide is Policy.decide and type(pol).victims is Policy.victims):
         return _CORE.ORDER_PRIORITY
