@@ -49,6 +49,7 @@ cpdef enum:
     ORDER_LPM = 1
     ORDER_PRIORITY = 2  # fcfs under --enable-priority-scheduling: by priority, preempting
     ORDER_LOF = 3  # SGLang's lof: most max_new_tokens first
+    ORDER_SPF = 4  # SGLang's shortest-prefill-first, with its cap on the active chunk
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -793,7 +794,7 @@ cdef class Core:
                 self.errors[i] = (f"max_new_tokens clipped by SGLang from {self.max_new[i]} to "
                                   f"{room} (max_req_len {self.max_req_len})")
                 self.max_new[i] = room
-            if self.order_kind == ORDER_LPM:
+            if self.order_kind == ORDER_LPM or self.order_kind == ORDER_SPF:
                 h = head_key(req.segments)
                 if h is not None:
                     self.head_h[i] = h
@@ -1150,22 +1151,13 @@ cdef class Core:
             return ka > kb
         return -self.queue_entry[a] > -self.queue_entry[b]
 
-    cdef int order_lpm(self) except -1:
-        """`_order_waiting` under SGLang's lpm (twin/policy/sglang.py `LPM`): up to 128
-        waiting, every one matched in queue order, then sorted, stably, longest cached
-        prefix first, the requests whose short match (at most 32 tokens) shares its first
-        32 tokens with an earlier such request last (`in_batch_deferred`); above 128 the
-        queue stays as it is (fcfs)."""
-        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
+    cdef int mark_deferred(self, Py_ssize_t m) except -1:
+        """The queue's first m requests into wtmp, wdef[j] set where SGLang defers
+        request j (`in_batch_deferred`): a short match (at most 32 tokens) whose head an
+        earlier such request shares."""
+        cdef Py_ssize_t j, k
         cdef long long i, v, h
-        cdef bint dv, found
-        if m > MATCH_MAX_QUEUE:
-            return 0
-        if self.has_tree:
-            for j in range(m):
-                self.match(self.w_at(j))
-        if m < 2:
-            return 0
+        cdef bint found
         for j in range(m):
             i = self.w_at(j)
             self.wtmp[j] = i
@@ -1176,11 +1168,89 @@ cdef class Core:
             found = False
             for k in range(j):  # an earlier request with a short match and this head
                 v = self.wtmp[k]
-                if (self.head_ok[v] and self.head_h[v] == h and self.prefix[v] <= IN_BATCH
-                        and not self.wdef[k]):
+                if self.head_ok[v] and self.head_h[v] == h and self.prefix[v] <= IN_BATCH:
                     found = True
                     break
             self.wdef[j] = found
+        return 0
+
+    cdef int order_spf(self) except -1:
+        """`_order_waiting` under SGLang's shortest-prefill-first (twin/policy/sglang.py
+        `ShortestPrefillFirst`): every waiting request matched in queue order, then sorted,
+        stably, by (deferred, uncached fill tokens at least 1, queue entry)."""
+        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
+        cdef long long v
+        cdef bint dv
+        if self.has_tree:
+            for j in range(m):
+                self.match(self.w_at(j))
+        if m < 2:
+            return 0
+        self.mark_deferred(m)
+        for j in range(1, m):
+            v = self.wtmp[j]
+            dv = self.wdef[j]
+            k = j - 1
+            while k >= 0 and self.spf_after(self.wtmp[k], self.wdef[k], v, dv):
+                self.wtmp[k + 1] = self.wtmp[k]
+                self.wdef[k + 1] = self.wdef[k]
+                k -= 1
+            self.wtmp[k + 1] = v
+            self.wdef[k + 1] = dv
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
+
+    cdef inline long long work(self, long long v):
+        """twin/policy/sglang.py `prefill_work`: uncached fill tokens, at least 1."""
+        cdef long long w = self.prompt[v] + self.gen[v] - self.prefix[v]
+        return w if w > 1 else 1
+
+    cdef inline bint spf_after(self, long long a, bint da, long long b, bint db):
+        """Whether a's key (deferred, work, queue entry) is greater than b's."""
+        cdef long long wa, wb
+        if da != db:
+            return da
+        wa, wb = self.work(a), self.work(b)
+        if wa != wb:
+            return wa > wb
+        return self.queue_entry[a] > self.queue_entry[b]
+
+    cdef long long spf_limit(self, long long i):
+        """`ShortestPrefillFirst.chunk_limit` for the chunked request i (page 1): the
+        chunk left after reserving room for the shorter waiting requests at the queue's
+        head, or -1 for no cap."""
+        cdef long long budget = self.a_rem_chunk, remaining, reserved = 0, w
+        cdef Py_ssize_t j
+        if budget < 2:
+            return -1
+        remaining = self.prompt[i] + self.gen[i] - self.computed[i]
+        for j in range(self.w_len):
+            w = self.work(self.w_at(j))
+            if w >= remaining or reserved + w > budget - 1:
+                break
+            reserved += w
+        if reserved == 0:
+            return -1
+        return budget - reserved
+
+    cdef int order_lpm(self) except -1:
+        """`_order_waiting` under SGLang's lpm (twin/policy/sglang.py `LPM`): up to 128
+        waiting, every one matched in queue order, then sorted, stably, longest cached
+        prefix first, the requests whose short match (at most 32 tokens) shares its first
+        32 tokens with an earlier such request last (`in_batch_deferred`); above 128 the
+        queue stays as it is (fcfs)."""
+        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
+        cdef long long v
+        cdef bint dv
+        if m > MATCH_MAX_QUEUE:
+            return 0
+        if self.has_tree:
+            for j in range(m):
+                self.match(self.w_at(j))
+        if m < 2:
+            return 0
+        self.mark_deferred(m)
         # a stable insertion sort: key inf when deferred, else -prefix_len
         for j in range(1, m):
             v = self.wtmp[j]
@@ -1252,6 +1322,8 @@ cdef class Core:
             self.order_lpm()
         elif self.order_kind == ORDER_PRIORITY or self.order_kind == ORDER_LOF:
             self.order_keyed()
+        elif self.order_kind == ORDER_SPF:
+            self.order_spf()
         # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
         mixed_bs = self.n_run if self.mixed else 0
         self.a_total_offset = <double>mixed_bs + self.reserved_sum()
@@ -1261,10 +1333,14 @@ cdef class Core:
         self.a_n = 0
         self.a_new_chunked = -1
         self.a_continuing = False
-        if self.chunked >= 0:  # Adder.add_chunked(chunked, None)
+        if self.chunked >= 0:  # Adder.add_chunked(chunked, Replica._chunk_limit)
             i = self.chunked
             left = self.prompt[i] + self.gen[i] - self.computed[i]
             rem = self.a_rem_chunk
+            if self.order_kind == ORDER_SPF and self.has_chunk:
+                cap = self.spf_limit(i)
+                if cap >= 0 and cap < rem:
+                    rem = cap
             truncated = self.has_chunk and left > rem
             ext = (left if left < rem else rem) if self.has_chunk else left
             self.a_append(i, ext)
@@ -1282,8 +1358,10 @@ cdef class Core:
             if self.batch_full:
                 if not self.preempt or not self.try_preempt(i):
                     break
-            if self.has_tree and (self.order_kind != ORDER_LPM or self.w_len > MATCH_MAX_QUEUE):
-                self.match(i)  # (lpm matched the whole queue when it ordered it)
+            if self.has_tree and (self.order_kind != ORDER_LPM and self.order_kind != ORDER_SPF
+                                  or self.order_kind == ORDER_LPM
+                                  and self.w_len > MATCH_MAX_QUEUE):
+                self.match(i)  # (lpm and spf matched the whole queue to order it)
             res = self.add_one(i)
             if res != CONTINUE:
                 if res == NO_TOKEN:

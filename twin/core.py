@@ -7,9 +7,10 @@ The coverage, checked here before anything runs (the first of docs/perf.md's pla
 replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
 bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
-the queue as it is (fcfs), SGLang's lpm or lof, or fcfs under SGLang's priority scheduling
-(with its preemption), the step-time memo over a model whose answers never change, no step
-log, no per-pass integrity checks. `why_not` names the first thing outside it."""
+the queue as it is (fcfs), SGLang's lpm, lof or shortest-prefill-first, or fcfs under
+SGLang's priority scheduling (with its preemption), the step-time memo over a model
+whose answers never change, no step log, no per-pass integrity checks. `why_not` names
+the first thing outside it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
-from twin.policy.sglang import FCFS, LOF, LPM
+from twin.policy.sglang import FCFS, LOF, LPM, ShortestPrefillFirst
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -69,10 +70,15 @@ def why_not(rep, workload) -> str | None:
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
     the queue as it is: fcfs), by SGLang's lpm (`LPM` itself, without priority
-    scheduling), by SGLang's lof (most output tokens first, without priority scheduling),
+    scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
+    its cap on the active chunk; both without priority scheduling),
     by priority with SGLang's preemption (fcfs under `--enable-priority-scheduling`), or
     None: outside the coverage."""
-    if pol.chunks or pol.preempts_for_kv or getattr(pol, "chunk_limit", None) is not None:
+    if pol.chunks or pol.preempts_for_kv:
+        return None
+    if type(pol) is ShortestPrefillFirst and not pol.priority_scheduling:
+        return _CORE.ORDER_SPF
+    if getattr(pol, "chunk_limit", None) is not None:
         return None
     if (pol.keeps_queue_order()
             and type(pol).wants_prefix_match is Policy.wants_prefix_match):
