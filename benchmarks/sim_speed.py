@@ -8,8 +8,8 @@ sustains: the 1M-request day), and the finance-qa mix on the users' deployment a
 peak (the default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCIe at TP 2;
 `finance-qa,n=N` for N requests, the bare preset for its 600), and the same mix under
 SGLang's cache-aware `--schedule-policy lpm` (finance-qa-lpm: its shared templates are
-what lpm is for) and under SGLang's priority scheduling (finance-qa-priority: its VIP
-tiers).
+what lpm is for), shortest-prefill-first (finance-qa-spf) and SGLang's priority scheduling
+(finance-qa-priority: its VIP tiers).
 
     python benchmarks/sim_speed.py [--sizes 10000 100000] [--base COMMIT] [--base-max N]
         [--workloads vidur h100] [--rounds 1]
@@ -50,6 +50,9 @@ WORKLOADS = {
     # the users' 50 clients for n requests; the bare preset (the default run) at its 600
     "finance-qa": lambda n: ["--workload", "finance-qa" if n == 600 else f"finance-qa,n={n}"],
     "finance-qa-lpm": lambda n: [*WORKLOADS["finance-qa"](n), "--schedule-policy", "lpm"],
+    # SGLang's shortest-prefill-first (the RL comparisons' best SGLang rule, docs/rl.md)
+    "finance-qa-spf": lambda n: [*WORKLOADS["finance-qa"](n), "--schedule-policy",
+                                 "shortest-prefill-first"],
     # its VIP tiers (0, 10, 20) under SGLang's priority scheduling: tier 20 preempts tier 0
     "finance-qa-priority": lambda n: [*WORKLOADS["finance-qa"](n),
                                       "--enable-priority-scheduling"],
