@@ -118,13 +118,13 @@ def test_lpm_above_its_queue_limit(monkeypatch) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """A paged pool, hrrn, bench_serving's warm-up: the Python replica runs each, and
+    """A paged pool, hrrn, dfs-weight: the Python replica runs each, and
     `why_not` says why."""
     for extra in (["--page-size", "16"], ["--schedule-policy", "hrrn"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
-    assert both(["--workload", "arrival=closed,concurrency=4,n=40,clients=bench"],
+    assert both(["--schedule-policy", "dfs-weight", "--workload", "finance-qa,n=40"],
                 monkeypatch) == 0
 
 
@@ -153,7 +153,7 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        overlap=st.booleans(), eos=st.booleans(),
        chunk=st.sampled_from([None, 512, 2048]),
        horizon=st.sampled_from([None, 5.0, 20.0]),
-       rate=st.sampled_from([0.5, 2, 8, 30, "closed:2", "closed:8", "closed:40"]),
+       rate=st.sampled_from([0.5, 2, 8, 30, "closed:2", "closed:8", "closed:40", "bench:8"]),
        seed=st.integers(0, 5),
        running=st.sampled_from([None, 3]),
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
@@ -164,7 +164,8 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
                                        horizon, rate, seed, running, radix, policy,
                                        prio, mixed) -> None:
-    """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY"); `radix`:
+    """`rate`: Poisson arrivals, or closed-loop clients ("closed:CONCURRENCY", "bench:..."
+    for bench_serving's); `radix`:
     None, the cache off; else on, over prompts sharing what it names (20-token templates:
     prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
     `policy`: SGLang's lpm, lof or shortest-prefill-first instead of fcfs; `prio`: SGLang's priority scheduling
@@ -173,6 +174,8 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
     in each prefill step its tokens fit in)."""
     arrival = (f"arrival=closed,concurrency={rate.split(':')[1]}" if isinstance(rate, str)
                else f"arrival=poisson,rate={rate}")
+    if isinstance(rate, str) and rate.startswith("bench"):
+        arrival += ",clients=bench"  # bench_serving's warm-up first, left out of the records
     argv = [*LLAMA, "--step-time-backend", backend, "--seed", str(seed), "--workload",
             f"{arrival},n=80,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")
             + (",tiers=0:0.6/20:0.3/40:0.1" if prio else "")]

@@ -34,6 +34,7 @@ from twin.perf.step_cache import BLOCK as _BLOCK
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
 from twin.views import head_key
+from twin.workload import BENCH_WARMUP_GAP_S
 
 _new = object.__new__
 _round = builtins.round  # Python's own rounding (the sample's columns)
@@ -326,6 +327,8 @@ cdef class Core:
     cdef dict sent_of
     cdef Py_ssize_t p_next
     cdef long long limit, in_flight, seq
+    cdef long long warm_left  # bench_serving's warm-ups still out (none are unreleased)
+    cdef double offset  # added to the measured requests' arrival times once they are back
     cdef bint has_tok
     cdef double free_at, per_req, per_tok, latency, egress
     # the feeder (Deployment.run) waits on `_more` (WAIT), sleeps until fw, or has
@@ -363,6 +366,7 @@ cdef class Core:
     cdef Py_ssize_t tl_fill, scratch_cap
     cdef double* scratch
     cdef long long sink_chunk
+    cdef bint sink_skips  # the sink leaves out bench_serving's warm-ups: count its buffer
     cdef object horizon_obj, stopped
     cdef dict prefill_memo, blocks  # the step-time memo's (twin/perf/step_cache.py)
     cdef double quiet
@@ -410,6 +414,7 @@ cdef class Core:
             n = len(self.heap) + len(self.pending)
             at, sent, reqs = [0.0] * n, [0.0] * n, [None] * n
             self.limit, self.in_flight, self.seq = src._limit, src._in_flight, src._seq
+            self.warm_left, self.offset = src._warm_left, src._offset
             path = src._path
             self.has_tok = src._tokenizer is not None
             self.free_at = src._tokenizer.free_at if self.has_tok else 0.0
@@ -430,6 +435,7 @@ cdef class Core:
         self.sink_chunk = 0  # a list: read at the end only
         if type(rep.finished) is RecordSink:  # it flushes every `chunk` appends
             self.sink_chunk = rep.finished.chunk if not rep.finished._buf else 1
+            self.sink_skips = rep.finished.skip_prefix is not None
         self.prefill_memo = rep._cache._prefill
         self.blocks = rep._cache._blocks
         self.quiet = rep._cache.quiet
@@ -565,7 +571,9 @@ cdef class Core:
     cdef int emit(self, r) except -1:
         """A leaving request to the replica's `finished`, whose RecordSink reads the
         timeline when this append fills its chunk."""
-        if self.sink_chunk and (self.n_left + 1) % self.sink_chunk == 0:
+        if self.sink_chunk and (len(self.finished._buf) + 1 >= self.sink_chunk
+                                if self.sink_skips else
+                                (self.n_left + 1) % self.sink_chunk == 0):
             self.tl_sync()
         self.finished.append(r)
         self.n_left += 1
@@ -602,12 +610,13 @@ cdef class Core:
         """`Source._fill`: free clients send their next requests (through the tokenizer's
         queue, one at a time, when the path is on)."""
         cdef double sent, at, start
-        while self.in_flight < self.limit and self.p_next < len(self.pending):
+        while (self.in_flight < self.limit and not self.warm_left
+               and self.p_next < len(self.pending)):
             req = self.pending[self.p_next]
             self.pending[self.p_next] = None
             self.p_next += 1
-            sent = req.arrival_s
-            if not sent >= now:  # max(arrival, now)
+            sent = req.arrival_s + self.offset
+            if not sent >= now:  # max(arrival + offset, now)
                 sent = now
             self.in_flight += 1
             at = sent
@@ -624,11 +633,22 @@ cdef class Core:
         """A request left (Deployment.left -> _finish): its client sends the next one
         when the final chunk is back (`Source.finished`); the waiting feeder is woken
         (`_release_more`)."""
-        self.in_flight -= 1
-        self.fill(now + self.egress)
+        self.src_finished(now)
         if self.waiting_more and self.heap and not self.resume:
             self.resume = True
             self.resume_t = now
+        return 0
+
+    cdef int src_finished(self, double now) except -1:
+        """`Source.finished`: a client's slot frees when the final chunk is back; the
+        last warm-up back sets the measured requests' offset."""
+        cdef double back = now + self.egress
+        self.in_flight -= 1
+        if self.warm_left:
+            self.warm_left -= 1
+            if not self.warm_left:
+                self.offset = back + BENCH_WARMUP_GAP_S
+        self.fill(back)
         return 0
 
     cdef void feeder_next(self, double f):
@@ -1755,7 +1775,8 @@ cdef class Core:
         cdef double back = self.now + self.egress
         while not self.exhausted():
             k = len(self.heap)
-            if k == 0:
+            if k == 0:  # release_rest
+                self.warm_left = 0
                 limit, self.limit = self.limit, 1 << 62
                 self.fill(back)
                 self.limit = limit
@@ -1763,8 +1784,7 @@ cdef class Core:
             for j in range(k):
                 self.pop_one()
             for j in range(k):
-                self.in_flight -= 1
-                self.fill(back)
+                self.src_finished(self.now)
         return 0
 
     cdef int end(self) except -1:

@@ -4,8 +4,8 @@ arrays; the Python replica (twin/replica.py) is its specification and runs every
 else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
-replica fed alone, open loop or by closed-loop clients (no fleet, no faults, no
-bench_serving warm-up), SGLang's token pool with page 1, the radix cache on or off, mixed
+replica fed alone, open loop or by closed-loop clients (bench_serving's warm-up too; no
+fleet, no faults), SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
 the queue as it is (fcfs), SGLang's lpm, lof or shortest-prefill-first, or fcfs under
 SGLang's priority scheduling (with its preemption), the step-time memo over a model
@@ -55,9 +55,7 @@ def why_not(rep, workload) -> str | None:
         (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
         (src is None or len(feed.replicas) != 1 or feed.fleet or feed.faults
          or feed._retry_at, "not one replica fed alone"),
-        (src is not None and (src._warm or src._warm_left or src._offset
-                              or workload.clients == "bench"),
-         "bench_serving's warm-up"),
+        (src is not None and bool(src._warm), "warm-up requests not yet released"),
         (rep._stall or rep.env.now != 0.0 or rep._n_seen or rep.waiting or rep.running,
          "a replica that already ran"),
     )
