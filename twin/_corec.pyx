@@ -51,6 +51,7 @@ cpdef enum:
     ORDER_PRIORITY = 2  # fcfs under --enable-priority-scheduling: by priority, preempting
     ORDER_LOF = 3  # SGLang's lof: most max_new_tokens first
     ORDER_SPF = 4  # SGLang's shortest-prefill-first, with its cap on the active chunk
+    ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -393,6 +394,9 @@ cdef class Core:
     cdef int order_kind
     cdef long long[::1] head_h, wtmp
     cdef signed char[::1] head_ok, wdef
+    cdef dict rid_rank  # hrrn's tie-break: each rid's place in sorted order
+    cdef long long[::1] rank
+    cdef double[::1] hkey
     # priority scheduling: each request's priority and preemptions, the policy's sign
     # (1: low values first) and preemption threshold, the victims' search buffers
     cdef bint preempt
@@ -500,6 +504,12 @@ cdef class Core:
         self.node = [None] * n
         self.matched = [None] * n
         self.order_kind = order_kind
+        self.rank = np.zeros(n, dtype=np.int64)
+        self.hkey = np.zeros(max(n, 1))
+        if order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
+            every = ([r.rid for r in reqs] if not self.closed else
+                     [r.rid for r in self.pending] + [e[2].rid for e in self.heap])
+            self.rid_rank = {rid: j for j, rid in enumerate(sorted(every))}
         self.preempt = order_kind == ORDER_PRIORITY
         pol = rep.policy
         self.sign, self.threshold = pol.sign, pol.threshold
@@ -814,7 +824,10 @@ cdef class Core:
                 self.errors[i] = (f"max_new_tokens clipped by SGLang from {self.max_new[i]} to "
                                   f"{room} (max_req_len {self.max_req_len})")
                 self.max_new[i] = room
-            if self.order_kind == ORDER_LPM or self.order_kind == ORDER_SPF:
+            if self.order_kind == ORDER_HRRN:
+                self.rank[i] = self.rid_rank[req.rid]
+            if (self.order_kind == ORDER_LPM or self.order_kind == ORDER_SPF
+                    or self.order_kind == ORDER_HRRN):
                 h = head_key(req.segments)
                 if h is not None:
                     self.head_h[i] = h
@@ -1271,6 +1284,8 @@ cdef class Core:
         if m < 2:
             return 0
         self.mark_deferred(m)
+        if self.order_kind == ORDER_HRRN:
+            return self.order_hrrn(m)
         # a stable insertion sort: key inf when deferred, else -prefix_len
         for j in range(1, m):
             v = self.wtmp[j]
@@ -1285,6 +1300,43 @@ cdef class Core:
         for j in range(m):
             self.wq[(self.w_head + j) % cap] = self.wtmp[j]
         return 0
+
+    cdef int order_hrrn(self, Py_ssize_t m) except -1:
+        """HRRN's sort (twin/policy/sglang.py `HRRN`) of the m requests in wtmp/wdef:
+        by (-waited / uncached prompt tokens, rid), where waited is the prefill tokens
+        processed since the request queued; no uncached tokens first (-inf), deferred
+        last (inf); stable."""
+        cdef Py_ssize_t j, k, cap = self.wq.shape[0]
+        cdef long long v, unc, waited
+        cdef double key
+        for j in range(m):
+            v = self.wtmp[j]
+            unc = self.prompt[v] - self.prefix[v]
+            if self.wdef[j]:
+                key = INFINITY
+            elif unc <= 0:
+                key = -INFINITY
+            else:
+                waited = self.prefill_tokens - self.arrival_work[v]
+                if waited < 0:
+                    waited = 0
+                key = <double>(-waited) / <double>unc
+            self.hkey[v] = key
+        for j in range(1, m):
+            v = self.wtmp[j]
+            k = j - 1
+            while k >= 0 and self.hrrn_after(self.wtmp[k], v):
+                self.wtmp[k + 1] = self.wtmp[k]
+                k -= 1
+            self.wtmp[k + 1] = v
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
+
+    cdef inline bint hrrn_after(self, long long a, long long b):
+        if self.hkey[a] != self.hkey[b]:
+            return self.hkey[a] > self.hkey[b]
+        return self.rank[a] > self.rank[b]
 
     cdef inline bint lpm_after(self, long long a, bint da, long long b, bint db):
         """Whether a's key is greater than b's (b moves before a)."""
@@ -1338,7 +1390,7 @@ cdef class Core:
         if self.n_run + held >= self.max_running and self.chunked < 0 and not self.preempt:
             self.batch_full = True
             return False
-        if self.order_kind == ORDER_LPM:
+        if self.order_kind == ORDER_LPM or self.order_kind == ORDER_HRRN:
             self.order_lpm()
         elif self.order_kind == ORDER_PRIORITY or self.order_kind == ORDER_LOF:
             self.order_keyed()
@@ -1378,10 +1430,11 @@ cdef class Core:
             if self.batch_full:
                 if not self.preempt or not self.try_preempt(i):
                     break
-            if self.has_tree and (self.order_kind != ORDER_LPM and self.order_kind != ORDER_SPF
-                                  or self.order_kind == ORDER_LPM
+            if self.has_tree and (self.order_kind == ORDER_FCFS or self.order_kind == ORDER_LOF
+                                  or self.order_kind == ORDER_PRIORITY
+                                  or self.order_kind != ORDER_SPF
                                   and self.w_len > MATCH_MAX_QUEUE):
-                self.match(i)  # (lpm and spf matched the whole queue to order it)
+                self.match(i)  # (lpm, hrrn and spf matched the whole queue to order it)
             res = self.add_one(i)
             if res != CONTINUE:
                 if res == NO_TOKEN:
