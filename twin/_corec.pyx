@@ -24,6 +24,7 @@ from libc.string cimport memcpy
 from twin._search cimport search_left
 
 import builtins
+import random
 from heapq import heappop, heappush
 
 import numpy as np
@@ -52,6 +53,7 @@ cpdef enum:
     ORDER_LOF = 3  # SGLang's lof: most max_new_tokens first
     ORDER_SPF = 4  # SGLang's shortest-prefill-first, with its cap on the active chunk
     ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
+    ORDER_RANDOM = 6  # SGLang's random: a seeded shuffle per decision
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -395,6 +397,7 @@ cdef class Core:
     cdef long long[::1] head_h, wtmp
     cdef signed char[::1] head_ok, wdef
     cdef dict rid_rank  # hrrn's tie-break: each rid's place in sorted order
+    cdef object seed  # random's
     cdef long long[::1] rank
     cdef double[::1] hkey
     # priority scheduling: each request's priority and preemptions, the policy's sign
@@ -504,6 +507,7 @@ cdef class Core:
         self.node = [None] * n
         self.matched = [None] * n
         self.order_kind = order_kind
+        self.seed = getattr(rep.policy, "seed", None)
         self.rank = np.zeros(n, dtype=np.int64)
         self.hkey = np.zeros(max(n, 1))
         if order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
@@ -1082,6 +1086,33 @@ cdef class Core:
             self.a_take(trunc, 0)
         return self.a_state()
 
+    cdef inline bint matches_each(self):
+        """Whether admission matches each request it considers (`wants_prefix_match`
+        false): all but the cache-aware policies, which matched the whole queue to order
+        it (lpm and hrrn only up to 128 waiting)."""
+        if self.order_kind == ORDER_SPF:
+            return False
+        if self.order_kind == ORDER_LPM or self.order_kind == ORDER_HRRN:
+            return self.w_len > MATCH_MAX_QUEUE
+        return True
+
+    cdef int order_random(self) except -1:
+        """SGLang's random (twin/policy/sglang.py `Random.order`): the queue shuffled by a
+        generator seeded from the policy's seed, the pass's time, the prefill tokens so far
+        and the queue's rids."""
+        cdef Py_ssize_t m = self.w_len, j, cap = self.wq.shape[0]
+        if m < 2:
+            return 0
+        now = 0 if self.now_int else self.now  # SimPy's clock starts as the int 0
+        rids = ",".join([self.reqs[self.w_at(j)].rid for j in range(m)])
+        idx = list(range(m))
+        random.Random(f"{self.seed}:{now!r}:{self.prefill_tokens}:{rids}").shuffle(idx)
+        for j in range(m):
+            self.wtmp[j] = self.w_at(idx[j])
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
+
     cdef int order_keyed(self) except -1:
         """`_order_waiting` for a policy whose order is `keyed_order` by a key: under
         priority scheduling (sign x priority, queue entry), lof's -max_new_tokens; stable
@@ -1396,6 +1427,8 @@ cdef class Core:
             self.order_keyed()
         elif self.order_kind == ORDER_SPF:
             self.order_spf()
+        elif self.order_kind == ORDER_RANDOM:
+            self.order_random()
         # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
         mixed_bs = self.n_run if self.mixed else 0
         self.a_total_offset = <double>mixed_bs + self.reserved_sum()
@@ -1430,11 +1463,8 @@ cdef class Core:
             if self.batch_full:
                 if not self.preempt or not self.try_preempt(i):
                     break
-            if self.has_tree and (self.order_kind == ORDER_FCFS or self.order_kind == ORDER_LOF
-                                  or self.order_kind == ORDER_PRIORITY
-                                  or self.order_kind != ORDER_SPF
-                                  and self.w_len > MATCH_MAX_QUEUE):
-                self.match(i)  # (lpm, hrrn and spf matched the whole queue to order it)
+            if self.has_tree and self.matches_each():
+                self.match(i)
             res = self.add_one(i)
             if res != CONTINUE:
                 if res == NO_TOKEN:

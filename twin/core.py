@@ -7,10 +7,10 @@ The coverage, checked here before anything runs (the first of docs/perf.md's pla
 replica fed alone, open loop or by closed-loop clients (bench_serving's warm-up too; no
 fleet, no faults), SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
-the queue as it is (fcfs), SGLang's lpm, hrrn, lof or shortest-prefill-first, or fcfs under
-SGLang's priority scheduling (with its preemption), the step-time memo over a model
-whose answers never change, no step log, no per-pass integrity checks. `why_not` names
-the first thing outside it."""
+the queue as it is (fcfs), SGLang's lpm, hrrn, lof, random or shortest-prefill-first, or
+fcfs under SGLang's priority scheduling (with its preemption), the step-time memo over a
+model whose answers never change, no step log, no per-pass integrity checks. `why_not`
+names the first thing outside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
-from twin.policy.sglang import FCFS, HRRN, LOF, LPM, ShortestPrefillFirst
+from twin.policy.sglang import FCFS, HRRN, LOF, LPM, Priority, Random, ShortestPrefillFirst
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -67,8 +67,8 @@ def why_not(rep, workload) -> str | None:
 
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
-    the queue as it is: fcfs), by SGLang's lpm or hrrn (themselves, without priority
-    scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
+    the queue as it is: fcfs), by SGLang's lpm, hrrn or random (themselves, without
+    priority scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
     its cap on the active chunk; both without priority scheduling),
     by priority with SGLang's preemption (fcfs under `--enable-priority-scheduling`), or
     None: outside the coverage."""
@@ -85,9 +85,12 @@ def order_kind(pol: Policy) -> int | None:
         return _CORE.ORDER_LPM
     if type(pol) is HRRN and not pol.priority_scheduling:
         return _CORE.ORDER_HRRN
+    if type(pol) is Random and not pol.priority_scheduling:
+        return _CORE.ORDER_RANDOM
     if type(pol) is LOF and not pol.priority_scheduling:
         return _CORE.ORDER_LOF
-    if (type(pol) is FCFS and pol.priority_scheduling and type(pol).order is Policy.order
+    if (type(pol) in (FCFS, Priority) and pol.priority_scheduling
+            and type(pol).order is Policy.order
             and type(pol).decide is Policy.decide and type(pol).victims is Policy.victims):
         return _CORE.ORDER_PRIORITY
     return None
