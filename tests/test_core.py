@@ -119,14 +119,14 @@ def test_cache_aware_above_the_queue_limit(monkeypatch, policy) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """A paged pool, the users' preemption design, dfs-weight: the Python replica runs
-    each, and
+    """A paged pool, the users' preemption design, the twin's deadline policy: the Python
+    replica runs each, and
     `why_not` says why."""
     for extra in (["--page-size", "16"], ["--preemption-mode", "conservative"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
-    assert both(["--schedule-policy", "dfs-weight", "--workload", "finance-qa,n=40"],
+    assert both(["--policy", "deadline", "--workload", "finance-qa,n=40"],
                 monkeypatch) == 0
 
 
@@ -161,7 +161,8 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
                               ",templates=8,template_len=300,share=0.9,system_prompt=200",
                               ",templates=4,template_len=20,share=0.8"]),
-       policy=st.sampled_from([None, "lpm", "hrrn", "lof", "random", "shortest-prefill-first"]),
+       policy=st.sampled_from([None, "lpm", "dfs-weight", "hrrn", "lof", "random",
+                               "shortest-prefill-first"]),
        prio=st.sampled_from([None, "high", "low"]),
        mixed=st.booleans())
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
@@ -171,7 +172,7 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
     for bench_serving's); `radix`:
     None, the cache off; else on, over prompts sharing what it names (20-token templates:
     prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
-    `policy`: SGLang's lpm, hrrn, lof, random or shortest-prefill-first instead of fcfs;
+    `policy`: another of SGLang's policies instead of fcfs;
     `prio`: SGLang's priority scheduling
     (high or low values first) over three tiers 20 apart (each preempts the one below: the
     threshold is 10), with fcfs; `mixed`: --enable-mixed-chunk (the running batch decodes

@@ -25,6 +25,7 @@ from twin._search cimport search_left
 
 import builtins
 import random
+from types import SimpleNamespace
 from heapq import heappop, heappush
 
 import numpy as np
@@ -34,7 +35,7 @@ from twin.policy.base import IN_BATCH_CHECK_THRESHOLD, PREFIX_MATCH_MAX_QUEUE
 from twin.perf.step_cache import BLOCK as _BLOCK
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
-from twin.views import head_key
+from twin.views import head_key, prefix_path
 from twin.workload import BENCH_WARMUP_GAP_S
 
 _new = object.__new__
@@ -54,6 +55,7 @@ cpdef enum:
     ORDER_SPF = 4  # SGLang's shortest-prefill-first, with its cap on the active chunk
     ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
     ORDER_RANDOM = 6  # SGLang's random: a seeded shuffle per decision
+    ORDER_DFS = 7  # SGLang's dfs-weight: depth first over the radix tree, heavier first
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -398,6 +400,7 @@ cdef class Core:
     cdef signed char[::1] head_ok, wdef
     cdef dict rid_rank  # hrrn's tie-break: each rid's place in sorted order
     cdef object seed  # random's
+    cdef object policy
     cdef long long[::1] rank
     cdef double[::1] hkey
     # priority scheduling: each request's priority and preemptions, the policy's sign
@@ -508,6 +511,7 @@ cdef class Core:
         self.matched = [None] * n
         self.order_kind = order_kind
         self.seed = getattr(rep.policy, "seed", None)
+        self.policy = rep.policy
         self.rank = np.zeros(n, dtype=np.int64)
         self.hkey = np.zeros(max(n, 1))
         if order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
@@ -1090,11 +1094,30 @@ cdef class Core:
         """Whether admission matches each request it considers (`wants_prefix_match`
         false): all but the cache-aware policies, which matched the whole queue to order
         it (lpm and hrrn only up to 128 waiting)."""
-        if self.order_kind == ORDER_SPF:
+        if self.order_kind == ORDER_SPF or self.order_kind == ORDER_DFS:
             return False
         if self.order_kind == ORDER_LPM or self.order_kind == ORDER_HRRN:
             return self.w_len > MATCH_MAX_QUEUE
         return True
+
+    cdef int order_dfs(self) except -1:
+        """SGLang's dfs-weight: every waiting request matched in queue order, then the
+        policy's own sort (twin/policy/sglang.py `DFSWeight.sort`, which reads only each
+        request's radix path) over their paths."""
+        cdef Py_ssize_t m = self.w_len, j, cap = self.wq.shape[0]
+        if self.has_tree:
+            for j in range(m):
+                self.match(self.w_at(j))
+        if m < 2:
+            return 0
+        views = [SimpleNamespace(prefix_path=prefix_path(self.matched[self.w_at(j)]))
+                 for j in range(m)]
+        order = self.policy.sort(SimpleNamespace(waiting=views), set())
+        for j in range(m):
+            self.wtmp[j] = self.w_at(order[j])
+        for j in range(m):
+            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
+        return 0
 
     cdef int order_random(self) except -1:
         """SGLang's random (twin/policy/sglang.py `Random.order`): the queue shuffled by a
@@ -1429,6 +1452,8 @@ cdef class Core:
             self.order_spf()
         elif self.order_kind == ORDER_RANDOM:
             self.order_random()
+        elif self.order_kind == ORDER_DFS:
+            self.order_dfs()
         # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
         mixed_bs = self.n_run if self.mixed else 0
         self.a_total_offset = <double>mixed_bs + self.reserved_sum()

@@ -7,10 +7,10 @@ The coverage, checked here before anything runs (the first of docs/perf.md's pla
 replica fed alone, open loop or by closed-loop clients (bench_serving's warm-up too; no
 fleet, no faults), SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
-the queue as it is (fcfs), SGLang's lpm, hrrn, lof, random or shortest-prefill-first, or
-fcfs under SGLang's priority scheduling (with its preemption), the step-time memo over a
-model whose answers never change, no step log, no per-pass integrity checks. `why_not`
-names the first thing outside it."""
+the queue as it is (fcfs), any other of SGLang's policies (lpm, dfs-weight, hrrn, lof,
+random, shortest-prefill-first), or fcfs under SGLang's priority scheduling (with its
+preemption), the step-time memo over a model whose answers never change, no step log, no
+per-pass integrity checks. `why_not` names the first thing outside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,16 @@ from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
-from twin.policy.sglang import FCFS, HRRN, LOF, LPM, Priority, Random, ShortestPrefillFirst
+from twin.policy.sglang import (
+    FCFS,
+    HRRN,
+    LOF,
+    LPM,
+    DFSWeight,
+    Priority,
+    Random,
+    ShortestPrefillFirst,
+)
 from twin.prefix import RadixCache
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
@@ -67,8 +76,8 @@ def why_not(rep, workload) -> str | None:
 
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
-    the queue as it is: fcfs), by SGLang's lpm, hrrn or random (themselves, without
-    priority scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
+    the queue as it is: fcfs), by SGLang's lpm, dfs-weight, hrrn or random (themselves,
+    without priority scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
     its cap on the active chunk; both without priority scheduling),
     by priority with SGLang's preemption (fcfs under `--enable-priority-scheduling`), or
     None: outside the coverage."""
@@ -87,6 +96,8 @@ def order_kind(pol: Policy) -> int | None:
         return _CORE.ORDER_HRRN
     if type(pol) is Random and not pol.priority_scheduling:
         return _CORE.ORDER_RANDOM
+    if type(pol) is DFSWeight and not pol.priority_scheduling:
+        return _CORE.ORDER_DFS
     if type(pol) is LOF and not pol.priority_scheduling:
         return _CORE.ORDER_LOF
     if (type(pol) in (FCFS, Priority) and pol.priority_scheduling
