@@ -1104,7 +1104,7 @@ cdef class Core:
         """SGLang's dfs-weight: every waiting request matched in queue order, then the
         policy's own sort (twin/policy/sglang.py `DFSWeight.sort`, which reads only each
         request's radix path) over their paths."""
-        cdef Py_ssize_t m = self.w_len, j, cap = self.wq.shape[0]
+        cdef Py_ssize_t m = self.w_len, j
         if self.has_tree:
             for j in range(m):
                 self.match(self.w_at(j))
@@ -1115,15 +1115,13 @@ cdef class Core:
         order = self.policy.sort(SimpleNamespace(waiting=views), set())
         for j in range(m):
             self.wtmp[j] = self.w_at(order[j])
-        for j in range(m):
-            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
-        return 0
+        return self.write_queue(m)
 
     cdef int order_random(self) except -1:
         """SGLang's random (twin/policy/sglang.py `Random.order`): the queue shuffled by a
         generator seeded from the policy's seed, the pass's time, the prefill tokens so far
         and the queue's rids."""
-        cdef Py_ssize_t m = self.w_len, j, cap = self.wq.shape[0]
+        cdef Py_ssize_t m = self.w_len, j
         if m < 2:
             return 0
         now = 0 if self.now_int else self.now  # SimPy's clock starts as the int 0
@@ -1132,30 +1130,56 @@ cdef class Core:
         random.Random(f"{self.seed}:{now!r}:{self.prefill_tokens}:{rids}").shuffle(idx)
         for j in range(m):
             self.wtmp[j] = self.w_at(idx[j])
-        for j in range(m):
-            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
-        return 0
+        return self.write_queue(m)
 
     cdef int order_keyed(self) except -1:
         """`_order_waiting` for a policy whose order is `keyed_order` by a key: under
         priority scheduling (sign x priority, queue entry), lof's -max_new_tokens; stable
         (an insertion sort: the queue is mostly in order from the last pass)."""
-        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
-        cdef long long v
+        cdef Py_ssize_t m = self.w_len, j
         if m < 2:
             return 0
         for j in range(m):
             self.wtmp[j] = self.w_at(j)
+            self.wdef[j] = 0
+        return self.sort_queue(m)
+
+    cdef int sort_queue(self, Py_ssize_t m) except -1:
+        """Sort the queue's first m requests (in wtmp, their deferral in wdef) stably by
+        the order's key (`after`), an insertion sort (the queue is mostly in order from
+        the last pass), and put them back in the queue in that order."""
+        cdef Py_ssize_t j, k
+        cdef long long v
+        cdef bint dv
         for j in range(1, m):
             v = self.wtmp[j]
+            dv = self.wdef[j]
             k = j - 1
-            while k >= 0 and self.key_after(self.wtmp[k], v):
+            while k >= 0 and self.after(self.wtmp[k], self.wdef[k], v, dv):
                 self.wtmp[k + 1] = self.wtmp[k]
+                self.wdef[k + 1] = self.wdef[k]
                 k -= 1
             self.wtmp[k + 1] = v
+            self.wdef[k + 1] = dv
+        return self.write_queue(m)
+
+    cdef int write_queue(self, Py_ssize_t m) except -1:
+        """The queue's first m places from wtmp."""
+        cdef Py_ssize_t j, cap = self.wq.shape[0]
         for j in range(m):
             self.wq[(self.w_head + j) % cap] = self.wtmp[j]
         return 0
+
+    cdef inline bint after(self, long long a, bint da, long long b, bint db):
+        """Whether request a (deferred: da) sorts after b under the queue's order."""
+        cdef int kind = self.order_kind
+        if kind == ORDER_LPM:
+            return self.lpm_after(a, da, b, db)
+        if kind == ORDER_SPF:
+            return self.spf_after(a, da, b, db)
+        if kind == ORDER_HRRN:
+            return self.hrrn_after(a, b)
+        return self.key_after(a, b)
 
     cdef inline bint key_after(self, long long a, long long b):
         """Whether a's key is greater than b's: lof's -max_new_tokens, or priority
@@ -1265,28 +1289,14 @@ cdef class Core:
         """`_order_waiting` under SGLang's shortest-prefill-first (twin/policy/sglang.py
         `ShortestPrefillFirst`): every waiting request matched in queue order, then sorted,
         stably, by (deferred, uncached fill tokens at least 1, queue entry)."""
-        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
-        cdef long long v
-        cdef bint dv
+        cdef Py_ssize_t m = self.w_len, j
         if self.has_tree:
             for j in range(m):
                 self.match(self.w_at(j))
         if m < 2:
             return 0
         self.mark_deferred(m)
-        for j in range(1, m):
-            v = self.wtmp[j]
-            dv = self.wdef[j]
-            k = j - 1
-            while k >= 0 and self.spf_after(self.wtmp[k], self.wdef[k], v, dv):
-                self.wtmp[k + 1] = self.wtmp[k]
-                self.wdef[k + 1] = self.wdef[k]
-                k -= 1
-            self.wtmp[k + 1] = v
-            self.wdef[k + 1] = dv
-        for j in range(m):
-            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
-        return 0
+        return self.sort_queue(m)
 
     cdef inline long long work(self, long long v):
         """twin/policy/sglang.py `prefill_work`: uncached fill tokens, at least 1."""
@@ -1327,9 +1337,7 @@ cdef class Core:
         prefix first, the requests whose short match (at most 32 tokens) shares its first
         32 tokens with an earlier such request last (`in_batch_deferred`); above 128 the
         queue stays as it is (fcfs)."""
-        cdef Py_ssize_t m = self.w_len, j, k, cap = self.wq.shape[0]
-        cdef long long v
-        cdef bint dv
+        cdef Py_ssize_t m = self.w_len, j
         if m > MATCH_MAX_QUEUE:
             return 0
         if self.has_tree:
@@ -1339,28 +1347,15 @@ cdef class Core:
             return 0
         self.mark_deferred(m)
         if self.order_kind == ORDER_HRRN:
-            return self.order_hrrn(m)
-        # a stable insertion sort: key inf when deferred, else -prefix_len
-        for j in range(1, m):
-            v = self.wtmp[j]
-            dv = self.wdef[j]
-            k = j - 1
-            while k >= 0 and self.lpm_after(self.wtmp[k], self.wdef[k], v, dv):
-                self.wtmp[k + 1] = self.wtmp[k]
-                self.wdef[k + 1] = self.wdef[k]
-                k -= 1
-            self.wtmp[k + 1] = v
-            self.wdef[k + 1] = dv
-        for j in range(m):
-            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
-        return 0
+            self.hrrn_keys(m)
+        return self.sort_queue(m)
 
-    cdef int order_hrrn(self, Py_ssize_t m) except -1:
-        """HRRN's sort (twin/policy/sglang.py `HRRN`) of the m requests in wtmp/wdef:
-        by (-waited / uncached prompt tokens, rid), where waited is the prefill tokens
-        processed since the request queued; no uncached tokens first (-inf), deferred
-        last (inf); stable."""
-        cdef Py_ssize_t j, k, cap = self.wq.shape[0]
+    cdef int hrrn_keys(self, Py_ssize_t m) except -1:
+        """HRRN's keys (twin/policy/sglang.py `HRRN`) of the m requests in wtmp/wdef,
+        sorted by (key, rid): -waited / uncached prompt tokens, where waited is the
+        prefill tokens processed since the request queued; no uncached tokens first
+        (-inf), deferred last (inf)."""
+        cdef Py_ssize_t j
         cdef long long v, unc, waited
         cdef double key
         for j in range(m):
@@ -1376,15 +1371,6 @@ cdef class Core:
                     waited = 0
                 key = <double>(-waited) / <double>unc
             self.hkey[v] = key
-        for j in range(1, m):
-            v = self.wtmp[j]
-            k = j - 1
-            while k >= 0 and self.hrrn_after(self.wtmp[k], v):
-                self.wtmp[k + 1] = self.wtmp[k]
-                k -= 1
-            self.wtmp[k + 1] = v
-        for j in range(m):
-            self.wq[(self.w_head + j) % cap] = self.wtmp[j]
         return 0
 
     cdef inline bint hrrn_after(self, long long a, long long b):

@@ -37,9 +37,9 @@ from twin.prefix import RadixCache
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
 
 
-def why_not(rep, workload) -> str | None:
-    """None when `rep` (a replica built by twin/sim.py `build_replica`, not yet run) fed
-    by `workload` is inside the typed core's coverage; else what is outside it."""
+def why_not(rep) -> str | None:
+    """None when `rep` (a replica built by twin/sim.py `build_replica`, not yet run) is
+    inside the typed core's coverage; else what is outside it."""
     if _CORE is None:
         return WHY_NO_CORE or "the typed core is switched off"
     if os.environ.get("SERVETWIN_PYTHON_LOOP"):
@@ -74,32 +74,27 @@ def why_not(rep, workload) -> str | None:
     return None
 
 
+# SGLang's own policies, each with the order the core gives it (without priority scheduling)
+_SGLANG_ORDERS = {} if _CORE is None else {
+    LPM: _CORE.ORDER_LPM, HRRN: _CORE.ORDER_HRRN, Random: _CORE.ORDER_RANDOM,
+    DFSWeight: _CORE.ORDER_DFS, LOF: _CORE.ORDER_LOF,
+    ShortestPrefillFirst: _CORE.ORDER_SPF}  # (with its cap on the active chunk)
+
+
 def order_kind(pol: Policy) -> int | None:
     """How the core orders the queue for `pol`: as it is (a policy whose every answer is
-    the queue as it is: fcfs), by SGLang's lpm, dfs-weight, hrrn or random (themselves,
-    without priority scheduling), by SGLang's lof (most output tokens first) or shortest-prefill-first (with
-    its cap on the active chunk; both without priority scheduling),
-    by priority with SGLang's preemption (fcfs under `--enable-priority-scheduling`), or
-    None: outside the coverage."""
+    the queue as it is: fcfs), by one of SGLang's other policies (themselves, without
+    priority scheduling), by priority with SGLang's preemption (fcfs under
+    `--enable-priority-scheduling`), or None: outside the coverage."""
     if pol.chunks or pol.preempts_for_kv:
         return None
-    if type(pol) is ShortestPrefillFirst and not pol.priority_scheduling:
-        return _CORE.ORDER_SPF
+    if not pol.priority_scheduling and type(pol) in _SGLANG_ORDERS:
+        return _SGLANG_ORDERS[type(pol)]
     if getattr(pol, "chunk_limit", None) is not None:
         return None
     if (pol.keeps_queue_order()
             and type(pol).wants_prefix_match is Policy.wants_prefix_match):
         return _CORE.ORDER_FCFS
-    if type(pol) is LPM and not pol.priority_scheduling:
-        return _CORE.ORDER_LPM
-    if type(pol) is HRRN and not pol.priority_scheduling:
-        return _CORE.ORDER_HRRN
-    if type(pol) is Random and not pol.priority_scheduling:
-        return _CORE.ORDER_RANDOM
-    if type(pol) is DFSWeight and not pol.priority_scheduling:
-        return _CORE.ORDER_DFS
-    if type(pol) is LOF and not pol.priority_scheduling:
-        return _CORE.ORDER_LOF
     if (type(pol) in (FCFS, Priority) and pol.priority_scheduling
             and type(pol).order is Policy.order
             and type(pol).decide is Policy.decide and type(pol).victims is Policy.victims):

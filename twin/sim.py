@@ -279,7 +279,7 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         rep.finished = sink
         rep.feed.done_tickets = Count()  # the deployment's tickets: not needed for one
     interrupted = None
-    rep.loop_core = why_not(rep, workload)  # None: the typed core runs it (twin/core.py)
+    rep.loop_core = why_not(rep)  # None: the typed core runs it (twin/core.py)
     if rep.loop_core is None:
         stopped = run_core(rep)
     else:
