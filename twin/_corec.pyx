@@ -2,9 +2,11 @@
 """The typed core (issue 14, docs/perf.md "A typed core"): one SGLang replica's whole
 scheduler loop over state it owns in C arrays, for the plan's coverage so far: `servetwin
 simulate` of one replica fed alone, open loop or by closed-loop clients (twin/source.py's
-`Source`, taken over), SGLang's token pool (page 1), the radix cache on or off (`CTree`,
-twin/prefix.py's tree typed), chunked prefill on or off, the overlap loop on or off, a
-policy that keeps the queue's order (fcfs), the step-time memo. `twin/core.py` decides
+`Source`, taken over; bench_serving's warm-up too), SGLang's token pool (page 1), the radix
+cache on or off (`CTree`, twin/prefix.py's tree typed), chunked prefill, mixed chunks and
+the overlap loop on or off, SGLang's scheduling policies (fcfs, lpm, dfs-weight, hrrn,
+lof, random, shortest-prefill-first; fcfs with priority scheduling and its preemption),
+the step-time memo. `twin/core.py` decides
 whether a run is covered; everything else runs the Python replica (twin/replica.py),
 which is this module's specification, pass by pass and float by float: each function
 below names the method it reproduces. docs/typed-core-inventory.md lists what that is.
