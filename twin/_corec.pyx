@@ -514,8 +514,12 @@ cdef class Core:
         self.order_kind = order_kind
         self.seed = getattr(rep.policy, "seed", None)
         self.policy = rep.policy
-        self.rank = np.zeros(n, dtype=np.int64)
-        self.hkey = np.zeros(max(n, 1))
+        # per-request columns only the orders that read them get at full length (a day
+        # of a million requests would otherwise carry tens of MB of them for nothing)
+        cdef Py_ssize_t n_hrrn = n if order_kind == ORDER_HRRN else 1
+        cdef Py_ssize_t n_head = n if order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN) else 1
+        self.rank = np.zeros(n_hrrn, dtype=np.int64)
+        self.hkey = np.zeros(n_hrrn)
         if order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
             every = ([r.rid for r in reqs] if not self.closed else
                      [r.rid for r in self.pending] + [e[2].rid for e in self.heap])
@@ -528,8 +532,8 @@ cdef class Core:
         self.preemptions_ = np.zeros(n, dtype=np.int64)
         self.vict = np.zeros(min(n, self.max_running) + 2, dtype=np.int64)
         self.n_preemptions = rep.counters.preemptions
-        self.head_h = np.zeros(n, dtype=np.int64)
-        self.head_ok = np.zeros(n, dtype=np.int8)
+        self.head_h = np.zeros(n_head, dtype=np.int64)
+        self.head_ok = np.zeros(n_head, dtype=np.int8)
         self.wtmp = np.zeros(max(n, 1), dtype=np.int64)
         self.wdef = np.zeros(max(n, 1), dtype=np.int8)
         self.scheduled_at = NAN

@@ -48,17 +48,18 @@ def why_not(rep) -> str | None:
     src = getattr(feed, "source", None)
     args = rep.args
     pol = rep.policy
+    order = order_kind(pol)
     checks = (
         (rep.tree is not None and (type(rep.tree) is not RadixCache
                                    or rep.tree.on_insert is not None or rep.tree.n_nodes),
          "a radix cache with a host tier, or already filled"),
         (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
         (args.enable_hierarchical_cache, "the host tier"),
-        (rep.slice_s or rep.preempt and order_kind(pol) != _CORE.ORDER_PRIORITY,
+        (rep.slice_s or rep.preempt and order != _CORE.ORDER_PRIORITY,
          "preemption other than SGLang's priority scheduling, or time slices"),
         (type(rep.decider) is not PolicyDecider or rep.decider.log is not None,
          "an outside or logged decider"),
-        (order_kind(pol) is None, f"the policy {pol.name}"),
+        (order is None, f"the policy {pol.name}"),
         (rep.swap.min_tokens is not None or rep.defrag.enabled, "swap or defragmentation"),
         (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
         (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
