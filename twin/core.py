@@ -121,7 +121,7 @@ def run(rep) -> bool:
     the caller records the unfinished ones, as twin/interrupt.py's callers do)."""
     # Python's cyclic collector off meanwhile: what the run allocates forms no cycles (an
     # evicted radix node is unlinked from its parent), so each collection would only walk
-    # the live requests and records again (the H100 100k run 3 % less CPU, side by side)
+    # the live requests and records again (docs/perf.md, thirteenth round)
     collecting = gc.isenabled()
     gc.disable()
     try:
