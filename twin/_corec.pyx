@@ -58,6 +58,11 @@ cpdef enum:
     ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
     ORDER_RANDOM = 6  # SGLang's random: a seeded shuffle per decision
     ORDER_DFS = 7  # SGLang's dfs-weight: depth first over the radix tree, heavier first
+# what a decode run's planning part answers (`decode_pre`)
+cdef enum:
+    RETRACTED = 0
+    RAN = 1
+    RAN_CUT = 2
 # the step timeline is written into arrays of this many steps (8 MB), the replica's
 # `_end_blocks` once full, its `_end_chunks` the one being filled
 cdef Py_ssize_t TL_BLOCK = 1 << 20
@@ -382,6 +387,9 @@ cdef class Core:
     cdef double[::1] lbv
     cdef object cap
     cdef double now
+    # a step or run planned and not yet slept through (`prefill_post`, `decode_post`)
+    cdef double dur
+    cdef bint post_decoders, post_done
     cdef bint now_int  # the clock is still SimPy's initial int 0
     # admission (one pass's PrefillAdder)
     cdef double a_total_offset
@@ -1499,10 +1507,16 @@ cdef class Core:
 
     # ---- prefill (Replica._run_prefill, _prefill_done, _join_running) -------------------
     cdef int run_prefill(self) except -1:
+        if self.prefill_pre():
+            self.prefill_post(self.now + self.dur)
+        return 0
+
+    cdef int prefill_pre(self) except -1:
+        """`_run_prefill` up to its step's sleep: 1 when a step runs (`dur` long), 0 when
+        none was placed."""
         cdef Py_ssize_t j, m = 0
         cdef long long i, ext, tokens = 0
-        cdef double now = self.now, dur, end
-        cdef long long before
+        cdef double now = self.now, dur
         cdef bint decoders
         self.scheduled_at = self.pass_at if self.overlap else NAN
         # place each (a_req/a_ext are compacted to the placed ones)
@@ -1554,9 +1568,17 @@ cdef class Core:
         dur = <double>t + 0.0
         self.busy_s += dur
         self.feeder_yield()  # the replica sleeps through the step
-        self.now = now + dur
+        self.dur = dur
+        self.post_decoders = decoders
+        return 1
+
+    cdef int prefill_post(self, double end) except -1:
+        """The rest of `_run_prefill` once its step ended at `end`."""
+        cdef Py_ssize_t j, m = self.a_n
+        cdef long long i, before
+        cdef bint decoders = self.post_decoders
+        self.now = end
         self.now_int = False
-        end = self.now
         if decoders:  # their token from this step (`_advance(decoders, 1)`)
             self.tl_add(&end, 1)
             self.n_dec_steps += 1
@@ -1610,6 +1632,14 @@ cdef class Core:
 
     # ---- decode (Replica._run_decode, _next_boundary, _finish_done) --------------------
     cdef int run_decode(self) except -1:
+        if self.decode_pre() == RAN:
+            self.decode_post(self.now + self.dur)
+        return 0
+
+    cdef int decode_pre(self) except -1:
+        """`_run_decode` up to its run's sleep: RAN (`dur` long; `post_done`: the request
+        with the fewest tokens left has them all), RAN_CUT (a fleet's run a submit may cut)
+        or RETRACTED (no run: the next pass at once)."""
         cdef Py_ssize_t b = self.n_run, j, n, kk
         cdef long long i, fewest = 0, left, kv0 = 0, k, k_mem, room
         cdef double now = self.now, limit, t, dur, end_k
@@ -1700,7 +1730,7 @@ cdef class Core:
                 kk = n
             k = kk
         if not self.grow(k):
-            return 0
+            return RETRACTED
         self.tl_add(ev, k)
         self.n_dec_steps += k
         end_k = ev[k - 1]
@@ -1714,10 +1744,16 @@ cdef class Core:
             self.gen[i] += k
             self.private_[i] += k
         self.feeder_yield()  # the replica sleeps through the run
-        self.now = now + dur
+        self.dur = dur
+        self.post_done = k >= fewest
+        return RAN
+    
+    cdef int decode_post(self, double end) except -1:
+        """The rest of `_run_decode` once its run ended at `end`."""
+        self.now = end
         self.now_int = False
-        if k >= fewest:
-            self.finish_done(self.now)
+        if self.post_done:
+            self.finish_done(end)
         return 0
 
     cdef bint grow(self, long long k) except -1:
