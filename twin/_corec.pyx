@@ -58,6 +58,14 @@ cpdef enum:
     ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
     ORDER_RANDOM = 6  # SGLang's random: a seeded shuffle per decision
     ORDER_DFS = 7  # SGLang's dfs-weight: depth first over the radix tree, heavier first
+# what a fleet's pass answers (`Core.fleet_pass`)
+cpdef enum:
+    F_AGAIN = 0
+    F_PREFILL = 1
+    F_RUN = 2
+    F_CUT = 3
+    F_IDLE = 4
+    F_END = 5
 # what a decode run's planning part answers (`decode_pre`)
 cdef enum:
     RETRACTED = 0
@@ -390,6 +398,14 @@ cdef class Core:
     # a step or run planned and not yet slept through (`prefill_post`, `decode_post`)
     cdef double dur
     cdef bint post_decoders, post_done
+    # a replica in a fleet (`fed`): SimPy runs it, pass by pass (twin/core.py `life`); its
+    # feed is the deployment's (pump, next_arrival, done, left), whose submits fill the
+    # replica's inbox; `cuts`: its decode runs ignore arrivals and a submit cuts them
+    # (twin/decode_cut.py), the run's planning state kept for `give_back`
+    cdef bint fed, cuts
+    cdef object feed, now_obj
+    cdef double same_t, run_t0, busy0, ratio0
+    cdef long long spins, run_k
     cdef bint now_int  # the clock is still SimPy's initial int 0
     # admission (one pass's PrefillAdder)
     cdef double a_total_offset
@@ -421,14 +437,25 @@ cdef class Core:
     cdef long long[::1] prio, preemptions_, vict
     cdef long long n_preemptions
 
-    def __init__(self, rep, tuple columns, object src, object stopped, int order_kind):
+    def __init__(self, rep, tuple columns, object src, object stopped, int order_kind,
+                 bint fed=False):
         """`columns`: (arrival times, send times, requests) of an open loop in the
-        scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients.
-        `order_kind`: ORDER_FCFS or ORDER_LPM."""
+        scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients,
+        or with `fed` a fleet's replica, its requests submitted as the run goes (the
+        columns grow). `order_kind`: how the queue is ordered (twin/core.py `order_kind`)."""
         cdef Py_ssize_t i, n
         cdef list at, sent, reqs
-        self.closed = columns is None
-        if self.closed:
+        self.fed = fed
+        self.closed = columns is None and not fed
+        if fed:
+            if order_kind == ORDER_HRRN:
+                raise ValueError("the typed core: hrrn in a fleet is outside the coverage")
+            n = 64
+            at, sent, reqs = [0.0] * n, [0.0] * n, [None] * n
+            self.feed = rep.feed
+            self.cuts = bool(rep.feed.cuts_runs)
+            self.same_t = -1.0
+        elif self.closed:
             self.heap, self.sent_of = src._ready, src._sent
             self.pending = list(src._pending)
             n = len(self.heap) + len(self.pending)
@@ -507,7 +534,7 @@ cdef class Core:
         self.wq = np.zeros(max(n, 1), dtype=np.int64)
         # the batch never holds more than max_running_requests (nor a prefill batch more
         # than that plus the chunked request)
-        m = min(n, self.max_running) + 2
+        m = (self.max_running if fed else min(n, self.max_running)) + 2
         self.run_ = np.zeros(m, dtype=np.int64)
         self.tmp = np.zeros(m, dtype=np.int64)
         self.a_req = np.zeros(m, dtype=np.int64)
@@ -538,7 +565,7 @@ cdef class Core:
         self.prio = np.array([r.priority if r is not None else 0 for r in reqs],
                              dtype=np.int64)
         self.preemptions_ = np.zeros(n, dtype=np.int64)
-        self.vict = np.zeros(min(n, self.max_running) + 2, dtype=np.int64)
+        self.vict = np.zeros(m, dtype=np.int64)
         self.n_preemptions = rep.counters.preemptions
         self.head_h = np.zeros(n_head, dtype=np.int64)
         self.head_ok = np.zeros(n_head, dtype=np.int8)
@@ -556,7 +583,61 @@ cdef class Core:
         self.now_int = type(rep.env.now) is int
         # the feeder (Deployment.run), started at time 0 before the replica
         self.fw = INFINITY
-        self.feeder_next(self.now)
+        if not fed:
+            self.feeder_next(self.now)
+
+    cdef int grow_cols(self, Py_ssize_t need) except -1:
+        """A fleet's replica: room for request numbers up to `need` - 1 in every
+        per-request column (doubled; the waiting ring unrolled from its head)."""
+        cdef Py_ssize_t n = self.n, m = n * 2, j
+        if m < need:
+            m = need
+        def more(arr, fill):
+            out = np.full(m, fill, dtype=np.asarray(arr).dtype)
+            out[:n] = arr
+            return out
+        self.at, self.sent = more(self.at, 0.0), more(self.sent, 0.0)
+        self.prompt, self.max_new = more(self.prompt, 0), more(self.max_new, 0)
+        self.gen, self.computed = more(self.gen, 0), more(self.computed, 0)
+        self.private_, self.retractions = more(self.private_, 0), more(self.retractions, 0)
+        self.dec_start, self.eos = more(self.dec_start, -1), more(self.eos, 0)
+        self.queue_entry, self.entered = more(self.queue_entry, 0.0), more(self.entered, 0.0)
+        self.arrival_work, self.queued = more(self.arrival_work, 0), more(self.queued, 0.0)
+        self.lost = more(self.lost, 0.0)
+        self.first_admit, self.first_token = more(self.first_admit, NAN), more(self.first_token, NAN)
+        self.finish, self.left_batch = more(self.finish, NAN), more(self.left_batch, NAN)
+        self.round_start = more(self.round_start, NAN)
+        self.prefix, self.cached = more(self.prefix, 0), more(self.cached, 0)
+        self.prio, self.preemptions_ = more(self.prio, 0), more(self.preemptions_, 0)
+        if self.head_h.shape[0] > 1 or self.order_kind in (ORDER_LPM, ORDER_SPF):
+            self.head_h, self.head_ok = more(self.head_h, 0), more(self.head_ok, 0)
+        self.wtmp, self.wdef = more(self.wtmp, 0), more(self.wdef, 0)
+        ring = np.zeros(m, dtype=np.int64)
+        for j in range(self.w_len):
+            ring[j] = self.w_at(j)
+        self.wq, self.w_head = ring, 0
+        grow = m - n
+        self.reqs += [None] * grow
+        self.errors += [""] * grow
+        self.tok += [None] * grow
+        self.node += [None] * grow
+        self.matched += [None] * grow
+        self.n = m
+        return 0
+
+    cdef int take_in(self, double sent, req) except -1:
+        """A fleet's replica: a submitted request becomes request number in_hi."""
+        cdef Py_ssize_t i = self.in_hi
+        if i >= self.n:
+            self.grow_cols(i + 1)
+        self.at[i] = sent
+        self.sent[i] = sent
+        self.reqs[i] = req
+        self.prompt[i] = req.prompt_tokens
+        self.max_new[i] = req.output_tokens
+        self.prio[i] = req.priority
+        self.in_hi = i + 1
+        return 0
 
     def __dealloc__(self):
         free(self.scratch)
@@ -581,7 +662,16 @@ cdef class Core:
             k -= m
             if self.tl_fill == TL_BLOCK:
                 self.end_blocks.append(self.tl_cur)
+                self.rep._end_chunks = []  # (a reader's view of the full block goes)
                 self.tl_new()
+        return 0
+
+    cdef int tl_close(self) except -1:
+        """A fleet's replica: the block being filled ends here, so that the next run's
+        steps lie in one block (a cut gives its last steps back)."""
+        self.end_blocks.append(self.tl_cur[:self.tl_fill])
+        self.rep._end_chunks = []
+        self.tl_new()
         return 0
 
     cdef int tl_sync(self) except -1:
@@ -785,9 +875,18 @@ cdef class Core:
         self.tok[i] = None  # the request's now (the sink drops it once written)
         r.status, r.error = status, error
         r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
-        self.emit(r)
+        self.out(r)
         if self.closed:
             self.released(self.now)
+        return 0
+
+    cdef int out(self, r) except -1:
+        """`_leave`'s hand-over: to `finished`, and in a fleet to the deployment (whose
+        record sink may read this replica's timeline now)."""
+        self.emit(r)
+        if self.fed:
+            self.tl_sync()
+            self.feed.left(self.rep, r)
         return 0
 
     cdef int finish_one(self, long long i, double now) except -1:
@@ -812,7 +911,15 @@ cdef class Core:
         cdef Py_ssize_t lo, hi, take, i
         cdef double cutoff = self.scheduled_at, recv
         cdef long long room
-        self.catch_up(now)
+        if self.fed:  # Replica._pull_arrivals: the deployment pumps, submits fill the inbox
+            self.feed.pump(self.now_obj)
+            inbox = self.rep._inbox
+            if inbox:
+                self.rep._inbox = []
+                for sent, req in inbox:
+                    self.take_in(sent, req)
+        else:
+            self.catch_up(now)
         self.scheduled_at = NAN
         self.pass_at = now
         lo, hi = self.in_lo, self.in_hi
@@ -1640,6 +1747,7 @@ cdef class Core:
         """`_run_decode` up to its run's sleep: RAN (`dur` long; `post_done`: the request
         with the fewest tokens left has them all), RAN_CUT (a fleet's run a submit may cut)
         or RETRACTED (no run: the next pass at once)."""
+        cdef bint cut
         cdef Py_ssize_t b = self.n_run, j, n, kk
         cdef long long i, fewest = 0, left, kv0 = 0, k, k_mem, room
         cdef double now = self.now, limit, t, dur, end_k
@@ -1660,6 +1768,9 @@ cdef class Core:
         k = k_mem if k_mem > 1 else 1
         if fewest < k:
             k = fewest
+        # CutRuns._may_cut: a fleet's run ignores arrivals, a submit cuts it
+        cut = (self.fed and self.cuts and (not self.batch_full or self.preempt)
+               and b * k <= self.capacity - self.used)
         # _next_boundary(arrivals=True)
         limit = self.next_sample
         if self.has_horizon and self.horizon < limit:
@@ -1669,7 +1780,13 @@ cdef class Core:
             limit = now
         if self.overlap and self.in_lo < self.in_hi and now < limit:
             limit = now
-        x = self.next_at()
+        if not self.fed:
+            x = self.next_at()
+        elif cut or not (not self.batch_full or self.preempt):
+            x = INFINITY
+        else:
+            nxt = self.feed.next_arrival()
+            x = INFINITY if nxt is None else nxt
         if (not self.batch_full or self.preempt) and x < limit:
             limit = x
         tp = NULL
@@ -1731,6 +1848,9 @@ cdef class Core:
             k = kk
         if not self.grow(k):
             return RETRACTED
+        if self.fed and self.tl_fill + k > TL_BLOCK and self.tl_fill > 0:
+            self.tl_close()
+        self.busy0, self.ratio0 = self.busy_s, self.ratio
         self.tl_add(ev, k)
         self.n_dec_steps += k
         end_k = ev[k - 1]
@@ -1746,6 +1866,9 @@ cdef class Core:
         self.feeder_yield()  # the replica sleeps through the run
         self.dur = dur
         self.post_done = k >= fewest
+        if cut:
+            self.run_t0, self.run_k = now, k
+            return RAN_CUT
         return RAN
     
     cdef int decode_post(self, double end) except -1:
@@ -1891,6 +2014,112 @@ cdef class Core:
         finally:
             self.write_back()
 
+    # ---- a fleet's replica, run by SimPy (twin/core.py `life`) --------------------------
+    def fleet_pass(self, now_obj):
+        """One pass of `Replica.run` at SimPy's time `now_obj`, up to where the replica
+        yields: F_PREFILL / F_RUN (sleep `dur`, then `prefill_post` / `decode_post`),
+        F_CUT (a run a submit may cut: `run_ends`, `give_back`), F_IDLE (sleep until a
+        submit or the horizon), F_AGAIN (the next pass at once) or F_END (the run ended:
+        every request inside has left)."""
+        cdef double now = now_obj
+        cdef bint freed
+        cdef int got
+        self.now, self.now_obj = now, now_obj
+        self.now_int = type(now_obj) is int
+        self.spins = self.spins + 1 if now == self.same_t else 0
+        self.same_t = now
+        if self.spins > 100_000:
+            raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes without time "
+                               f"advancing ({self.w_len} waiting, {self.n_run} running)")
+        self.pull(now)
+        if self.overlap:  # FreedLater.turn
+            freed = self.fl_slots != 0 or self.fl_tokens != 0
+            self.fl_slots, self.fl_tokens = self.fl_next_slots, self.fl_next_tokens
+            self.fl_next_slots = self.fl_next_tokens = 0
+            if freed:
+                self.batch_full = False
+        if now >= self.next_sample:
+            self.sample(now)
+        if self.has_horizon and now >= self.horizon:
+            self.end()
+            return F_END
+        if self.shrunk:
+            self.shrunk = False
+            self.batch_full = False
+        if self.schedule():
+            if self.prefill_pre():
+                return F_PREFILL
+            if not self.placed_any and self.n_run:
+                return self.f_decode()
+            return F_AGAIN
+        if self.n_run:
+            return self.f_decode()
+        if self.overlap and (self.fl_slots or self.fl_tokens):  # FreedLater.release
+            self.fl_slots = self.fl_tokens = 0
+            self.batch_full = False
+            return F_AGAIN
+        self.batch_full = False
+        self.ratio = self.init_ratio
+        if self.in_lo < self.in_hi:
+            return F_AGAIN
+        if self.w_len or self.chunked >= 0:
+            if self.feed.next_arrival() is None:
+                self.reject_stuck()
+                return F_AGAIN
+        elif self.feed.done():
+            self.end()
+            return F_END
+        return F_IDLE
+
+    cdef int f_decode(self) except -1:
+        cdef int got = self.decode_pre()
+        if got == RETRACTED:
+            return F_AGAIN
+        return F_CUT if got == RAN_CUT else F_RUN
+
+    def after_prefill(self, end):
+        self.prefill_post(end)
+
+    def after_decode(self, end):
+        self.decode_post(end)
+
+    @property
+    def sleep_s(self):
+        """How long the step or run just planned lasts."""
+        return self.dur
+
+    def run_ends(self):
+        """The end times of the run just planned (F_CUT), and its start."""
+        cdef Py_ssize_t k = self.run_k
+        return np.array(self.tl_view[self.tl_fill - k:self.tl_fill]), self.run_t0
+
+    def give_back(self, long long keep):
+        """`CutRuns._give_back`: undo the last steps of the run just planned, keeping
+        `keep`."""
+        cdef long long d = self.run_k - keep, i
+        cdef Py_ssize_t j
+        cdef double t
+        if d <= 0:
+            return
+        if d > self.tl_fill:
+            raise RuntimeError("the typed core: a cut run outside its timeline block")
+        for j in range(self.n_run):
+            i = self.run_[j]
+            self.gen[i] -= d
+            self.private_[i] -= d
+            self.used -= d
+        self.tl_fill -= d
+        self.n_dec_steps -= d
+        self.decode_steps -= d
+        self.busy_s = self.busy0 + (self.tl_view[self.tl_fill - 1] - self.run_t0)
+        t = self.ratio0 - <double>keep * self.decay
+        self.ratio = self.min_ratio if self.min_ratio > t else t
+        self.run_k = keep
+
+    def settle(self):
+        """The replica's own fields as the Python loop would leave them now."""
+        self.write_back()
+
     cdef int reject_stuck(self) except -1:
         cdef long long i = self.w_at(0)
         cdef long long left = self.max_new[i] - self.gen[i]
@@ -1944,11 +2173,14 @@ cdef class Core:
         if self.closed:  # Deployment.unsent: the clients send the rest, in order
             self.drain()
         msg = f"not sent before the horizon {self.horizon_obj}s"
-        for i in range(self.in_lo, self.n):
+        for i in range(self.in_lo, self.in_hi if self.fed else self.n):
             r = SimRequest(self.reqs[i], self.sent[i], i)
             r.status, r.error, r.finish_s = "aborted", msg, self.now
-            self.emit(r)
-        self.in_lo = self.in_hi = self.n
+            self.out(r)
+        if self.fed:
+            self.in_lo = self.in_hi
+        else:
+            self.in_lo = self.in_hi = self.n
         return 0
 
     cdef void write_back(self):
@@ -1957,7 +2189,8 @@ cdef class Core:
         self.tl_sync()
         if self.has_tree:  # the cache the run left (RadixCache's interface, typed)
             rep.tree = self.tree
-        rep.env._now = self.now
+        if not self.fed:  # (a fleet's clock is SimPy's)
+            rep.env._now = self.now
         rep.alloc.used = self.used
         rep.alloc._oom = self.oom
         rep.n_dec_steps = self.n_dec_steps

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from twin.core import life as core_life
+from twin.core import why_not_fleet
 from twin.faults import Breaker, Failover, Fault, Health
 from twin.metrics import SLO, summarize, twin_records
 from twin.replica import Replica
@@ -105,6 +107,7 @@ class Worker:
     routed: int = 0
     proc: simpy.Process | None = None
     crashes: list[tuple[float, float]] = field(default_factory=list)  # (down at, up at)
+    loop: str | None = "not started"  # None: the typed core runs it (twin/core.py); why not
 
 
 @dataclass
@@ -385,6 +388,7 @@ class Deployment:
         for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
             self.env.process(self._fault(f, self._worker(f.replica)))  # first: a fault at t
         for w in self.workers:  # applies to steps that start at t
+            w.loop = why_not_fleet(w.replica, self)
             self.env.process(self._life(w))
             if not self.failover.disable_health_check:
                 self.env.process(self._health(w))
@@ -411,7 +415,7 @@ class Deployment:
 
     def _life(self, w: Worker) -> Iterator[simpy.Event]:
         while True:
-            w.proc = self.env.process(w.replica.run())
+            w.proc = self.env.process(w.replica.run() if w.loop else core_life(w.replica))
             try:
                 yield w.proc
                 return
@@ -479,6 +483,9 @@ class Deployment:
     def finalize(self) -> None:
         """After `env.run()`: what never ended (a retry pending at the horizon, requests
         no replica drained) ends `aborted`."""
+        for w in self.workers:  # a run stopped early: the typed core's state, as it stands
+            if w.loop is None and getattr(w.replica, "_core", None) is not None:
+                w.replica._core.settle()
         for sent, req in self._drain():
             t = Ticket(self._seq, req, sent)
             self._seq += 1

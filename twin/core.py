@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
+
+import simpy
 
 from twin.compiled import load
+from twin.decode_cut import wait_or_cut
 from twin.decider import PolicyDecider
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
@@ -33,6 +37,7 @@ from twin.policy.sglang import (
     ShortestPrefillFirst,
 )
 from twin.prefix import RadixCache
+from twin.replica import Replica
 
 _CORE, WHY_NO_CORE = load("_corec", "typed core")
 
@@ -46,9 +51,43 @@ def why_not(rep) -> str | None:
         return "SERVETWIN_PYTHON_LOOP is set"
     feed = rep.feed
     src = getattr(feed, "source", None)
+    checks = (
+        (src is None or len(feed.replicas) != 1 or feed.fleet or feed.faults
+         or feed._retry_at, "not one replica fed alone"),
+        (src is not None and bool(src._warm), "warm-up requests not yet released"),
+    )
+    for bad, why in checks:
+        if bad:
+            return why
+    return _outside(rep, order_kind(rep.policy))
+
+
+def why_not_fleet(rep, dep) -> str | None:
+    """None when `rep`, a replica of the fleet `dep` (twin/fleet.py `build_fleet`, started:
+    `Deployment.start` has set how runs are cut), is inside the coverage of the typed
+    core run by SimPy (`life`); else what is outside it."""
+    if _CORE is None:
+        return WHY_NO_CORE or "the typed core is switched off"
+    if os.environ.get("SERVETWIN_PYTHON_LOOP"):
+        return "SERVETWIN_PYTHON_LOOP is set"
+    if type(rep) is not Replica:
+        return "not an SGLang replica"
+    order = order_kind(rep.policy)
+    checks = (
+        (dep.faults, "faults (a crash needs the Python replica's state)"),
+        (dep.poll_interval_s, "a router polling the replicas' queues"),
+        (order == _CORE.ORDER_HRRN, "hrrn in a fleet"),
+    )
+    for bad, why in checks:
+        if bad:
+            return why
+    return _outside(rep, order)
+
+
+def _outside(rep, order: int | None) -> str | None:
+    """What of the replica itself is outside the coverage (None: nothing)."""
     args = rep.args
     pol = rep.policy
-    order = order_kind(pol)
     checks = (
         (rep.tree is not None and (type(rep.tree) is not RadixCache
                                    or rep.tree.on_insert is not None or rep.tree.n_nodes),
@@ -63,11 +102,8 @@ def why_not(rep) -> str | None:
         (rep.swap.min_tokens is not None or rep.defrag.enabled, "swap or defragmentation"),
         (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
         (rep._cache is None or rep._cache_st is not rep.st, "no step-time memo"),
-        (src is None or len(feed.replicas) != 1 or feed.fleet or feed.faults
-         or feed._retry_at, "not one replica fed alone"),
-        (src is not None and bool(src._warm), "warm-up requests not yet released"),
-        (rep._stall or rep.env.now != 0.0 or rep._n_seen or rep.waiting or rep.running,
-         "a replica that already ran"),
+        (rep._stall or rep.env.now != 0.0 or rep._n_seen or rep.waiting or rep.running
+         or rep._inbox, "a replica that already ran"),
     )
     for bad, why in checks:
         if bad:
@@ -135,3 +171,37 @@ def run(rep) -> bool:
     finally:
         if collecting:
             gc.enable()
+
+
+def life(rep) -> Iterator[simpy.Event]:
+    """A fleet replica's process (`Replica.run`'s place; inside `why_not_fleet`'s
+    coverage), each pass run by the typed core up to where the Python replica yields:
+    the same sleeps, idles and cut runs at the same times, so SimPy orders them among the
+    other replicas', the feeder's and the health checks' events as it orders the Python
+    replica's. Its requests come from the deployment's submits (the core's columns
+    grow); they leave through the deployment (`feed.left`). `rep._core` keeps the core:
+    `Deployment.finalize` settles the replica's fields from it (a run stopped early)."""
+    core = rep._core = _CORE.Core(rep, None, None, None, order_kind(rep.policy), True)
+    env = rep.env
+    step = core.fleet_pass
+    prefill, run, cut, idle, end = (_CORE.F_PREFILL, _CORE.F_RUN, _CORE.F_CUT,
+                                    _CORE.F_IDLE, _CORE.F_END)
+    while True:
+        got = step(env.now)
+        if got == run or got == prefill:
+            ev = rep._sleep(core.sleep_s)
+            if ev is not None:
+                yield ev
+            if got == run:
+                core.after_decode(env.now)
+            else:
+                core.after_prefill(env.now)
+        elif got == cut:
+            ends, t0 = core.run_ends()
+            yield from wait_or_cut(rep, ends, t0, core.give_back)
+            core.after_decode(env.now)
+        elif got == idle:
+            yield from rep._idle(env.now)
+        elif got == end:
+            core.settle()
+            return

@@ -37,22 +37,8 @@ class CutRuns:
                      ratio0: float) -> Iterator[simpy.Event]:
         """Wait out a run of `k` steps ending at `ends` (started at `t0`, with the busy
         time and `new_token_ratio` it started from), or cut it at a submit."""
-        env = self.env
-        timer = self._sleep(float(ends[k - 1]) - t0)
-        if timer is None:  # nothing else happens before the run's end: no submit either
-            return
-        wake = self._run_cut = env.event()  # the run's end or a submit, whichever first
-        timer.callbacks.append(lambda _: wake.triggered or wake.succeed())
-        try:
-            yield wake
-        finally:
-            self._run_cut = None
-        if timer.processed:
-            return
-        keep = min(int(np.searchsorted(ends[:k], env.now, side="left")) + 1, k)
-        if keep < k:
-            self._give_back(ends, k, keep, t0, busy0, ratio0)
-        yield env.timeout(float(ends[keep - 1]) - env.now)
+        yield from wait_or_cut(self, ends[:k], t0, lambda keep: self._give_back(
+            ends, k, keep, t0, busy0, ratio0))
 
     def _give_back(self, ends: np.ndarray, k: int, keep: int, t0: float, busy0: float,
                    ratio0: float) -> None:
@@ -68,3 +54,27 @@ class CutRuns:
         self.new_token_ratio = max(ratio0 - keep * self.ratio_decay, self.min_ratio)
         if self.step_log is not None:
             self.step_log[-1] = (*self.step_log[-1][:3], keep)
+
+
+def wait_or_cut(rep, ends: np.ndarray, t0: float, give_back) -> Iterator[simpy.Event]:
+    """Replica `rep` waits out a decode run whose steps end at `ends` (started at `t0`), or
+    a submit cuts it: the steps that end by the first step end at or after the submit are
+    kept, `give_back(keep)` undoes the rest (the Python replica's `_give_back`, or the
+    typed core's, twin/core.py)."""
+    env = rep.env
+    k = len(ends)
+    timer = rep._sleep(float(ends[k - 1]) - t0)
+    if timer is None:  # nothing else happens before the run's end: no submit either
+        return
+    wake = rep._run_cut = env.event()  # the run's end or a submit, whichever first
+    timer.callbacks.append(lambda _: wake.triggered or wake.succeed())
+    try:
+        yield wake
+    finally:
+        rep._run_cut = None
+    if timer.processed:
+        return
+    keep = min(int(np.searchsorted(ends, env.now, side="left")) + 1, k)
+    if keep < k:
+        give_back(keep)
+    yield env.timeout(float(ends[keep - 1]) - env.now)
