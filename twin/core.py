@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import simpy
 
 from twin.compiled import load
-from twin.decode_cut import wait_or_cut
 from twin.decider import PolicyDecider
+from twin.decode_cut import wait_or_cut
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
 from twin.policy.base import Policy
