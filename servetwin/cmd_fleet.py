@@ -93,6 +93,7 @@ def run(ns: argparse.Namespace, default_workload: str) -> int:
         print(json.dumps(res.summary, indent=2, default=str))
     else:
         print(format_fleet(res.summary))
+        print(format_loops(res.deployment.workers))
         if rules:
             from servetwin.cmd_alerts import format_alerts
 
@@ -153,6 +154,20 @@ def describe(spec) -> str:
 def _tp(rep) -> int:
     args = dict(rep.server_args)
     return args.get("tp_size") or args.get("tensor_parallel_size") or 1
+
+
+def format_loops(workers) -> str:
+    """Which scheduler loop ran each replica: the typed core, or the Python replica and
+    why (twin/core.py `why_not_fleet`)."""
+    typed = [w.name for w in workers if w.loop is None]
+    why: dict[str, list[str]] = {}
+    for w in workers:
+        if w.loop is not None:
+            why.setdefault(w.loop, []).append(w.name)
+    parts = [f"the typed core (twin/_corec.pyx) on {', '.join(typed)}"] if typed else []
+    parts += [f"the Python replica on {', '.join(names)} ({reason})"
+              for reason, names in why.items()]
+    return "scheduler loop: " + "; ".join(parts)
 
 
 def format_fleet(s: dict) -> str:

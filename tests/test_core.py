@@ -246,3 +246,121 @@ def test_typed_radix_tree_is_twin_prefix(ops) -> None:
         assert (py.total_tokens, py.evictable_tokens, py.n_nodes) == (
             ty.total_tokens, ty.evictable_tokens, ty.n_nodes)
         ty.check_integrity()
+
+
+# ---- fleets: each SGLang replica's passes in the core, SimPy between them ----------------
+def fleet_files(doc: dict, workload: str, horizon, chunk: int, on: bool, monkeypatch
+                ) -> tuple[dict[str, bytes], list]:
+    """What a fleet run writes (records streamed `chunk` at a time), and each worker's
+    loop (None: the typed core)."""
+    import simpy
+
+    from twin.fleet import build_fleet, parse_spec, run_deployment
+    from twin.workload import from_spec
+
+    monkeypatch.setattr(core, "_CORE", CORE if on else None)
+    env = simpy.Environment()
+    dep = build_fleet(env, parse_spec(doc, "<drawn>"), from_spec(workload, seed=0),
+                      horizon_s=horizon)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_deployment(dep, out=Path(tmp), record_chunk=chunk)
+        res.write(Path(tmp))
+        files = {f: (Path(tmp) / f).read_bytes() for f in FILES}
+    return files, [w.loop for w in dep.workers]
+
+
+def fleet_both(doc: dict, workload: str, monkeypatch, horizon=None, chunk: int = 7) -> list:
+    typed, loops = fleet_files(doc, workload, horizon, chunk, True, monkeypatch)
+    python, none = fleet_files(doc, workload, horizon, chunk, False, monkeypatch)
+    assert None not in none
+    for f in FILES:
+        assert typed[f] == python[f], f"{f} differs: {doc} {workload} horizon {horizon}"
+    return loops
+
+
+def test_a_fleet_of_four_behind_each_router(monkeypatch) -> None:
+    """Four replicas behind sglang-router's round_robin and cache_aware: every replica
+    in the core, runs cut by submits, the same bytes."""
+    for router in ("round_robin", "cache_aware"):
+        doc = {"gpu": "a100-sxm-80gb", "router": {"name": router}, "replicas": [
+            {"name": "r", "count": 4, "step_time_backend": "roofline",
+             "server_args": {"model_path": "meta-llama/Llama-3.1-8B"}}]}
+        loops = fleet_both(doc, "arrival=poisson,rate=6,n=300,prompt=uniform:1000:4000,"
+                           "output=uniform:100:500", monkeypatch)
+        assert loops == [None] * 4
+
+
+def test_the_users_hybrid_fleet(monkeypatch) -> None:
+    """The users' design (finance-hybrid: length routing to an SGLang pool behind
+    cache_aware and two vLLM pools): the SGLang replicas in the core beside the vLLM
+    replicas' Python loops."""
+    from twin.fleet_presets import PRESETS
+
+    loops = fleet_both(PRESETS["finance-hybrid"](), "finance-qa,n=120,clients=replay",
+                       monkeypatch)
+    assert loops == [None, None, "not an SGLang replica", "not an SGLang replica"]
+
+
+@settings(max_examples=int(os.environ.get("CORE_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(n_rep=st.integers(1, 4),
+       router=st.sampled_from(["round_robin", "cache_aware", "random", "power_of_two",
+                               "least_load", "least_load:polled", "length"]),
+       backend=st.sampled_from(["roofline", "opdb"]),
+       pool=st.sampled_from([None, 6000, 12000, 40000]),
+       overlap=st.booleans(), chunk=st.sampled_from([None, 512, 2048]),
+       horizon=st.sampled_from([None, 5.0, 20.0]),
+       rate=st.sampled_from([1, 4, 16, 60, "closed:3", "closed:16"]),
+       running=st.sampled_from([None, 3]),
+       radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
+                              ",templates=4,template_len=20,share=0.8"]),
+       policy=st.sampled_from([None, "lpm", "dfs-weight", "hrrn", "lof", "random",
+                               "shortest-prefill-first"]),
+       prio=st.booleans(), mixed=st.booleans(), records=st.sampled_from([3, 50, 100000]))
+def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, pool, overlap,
+                                         chunk, horizon, rate, running, radix, policy, prio,
+                                         mixed, records) -> None:
+    """Fleets drawn over the replica counts, sglang-router's and the gateway's routers
+    (length: two pools by prompt length; least_load over the engines' queues polled every
+    half second), open and closed loops and the single-replica options above, records
+    streamed in chunks of `records`: the core's bytes are the Python replicas'."""
+    args = {"model_path": "meta-llama/Llama-3.1-8B"}
+    if radix is None:
+        args["disable_radix_cache"] = True
+    if policy and not prio and (radix is not None or policy != "shortest-prefill-first"):
+        args["schedule_policy"] = policy
+    if prio:
+        args["enable_priority_scheduling"] = True
+    for key, on in (("enable_mixed_chunk", mixed), ("disable_overlap_schedule", overlap)):
+        if on:
+            args[key] = True
+    for key, value in (("max_total_tokens", pool), ("chunked_prefill_size", chunk),
+                       ("max_running_requests", running)):
+        if value is not None:
+            args[key] = value
+    replica = {"step_time_backend": backend, "server_args": args}
+    doc: dict = {"gpu": "a100-sxm-80gb", "router": {"name": router.split(":")[0]}}
+    if router.endswith(":polled"):
+        doc["router"].update(load="polled", poll_interval_s=0.5)
+    if router == "length":
+        doc["router"]["thresholds"] = [2500]
+        doc["pools"] = [{"name": "short", "replicas": [{**replica, "name": "s", "count": n_rep}]},
+                        {"name": "long", "router": {"name": "cache_aware"},
+                         "replicas": [{**replica, "name": "l", "count": 2}]}]
+    else:
+        doc["replicas"] = [{**replica, "name": "r", "count": n_rep}]
+    arrival = (f"arrival=closed,concurrency={rate.split(':')[1]},clients=replay"
+               if isinstance(rate, str) else f"arrival=poisson,rate={rate}")
+    workload = (f"{arrival},n=90,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")
+                + (",tiers=0:0.6/20:0.3/40:0.1" if prio else ""))
+    loops = fleet_both(doc, workload, monkeypatch, horizon, records)
+    assert set(loops) == {None}
+
+
+def test_the_fleet_command_says_which_loop_ran(capsys) -> None:
+    """`servetwin simulate --deployment` names the replicas the core ran and why the others
+    ran the Python replica."""
+    assert main(["simulate", "--deployment", "finance-hybrid", "--workload",
+                 "finance-qa,n=30,clients=replay"]) == 0
+    assert ("scheduler loop: the typed core (twin/_corec.pyx) on sg0, sg1; the Python "
+            "replica on vm, vh (not an SGLang replica)") in capsys.readouterr().out

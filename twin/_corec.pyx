@@ -438,18 +438,17 @@ cdef class Core:
     cdef long long n_preemptions
 
     def __init__(self, rep, tuple columns, object src, object stopped, int order_kind,
-                 bint fed=False):
+                 bint fed=False, dict rid_ranks=None):
         """`columns`: (arrival times, send times, requests) of an open loop in the
         scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients,
         or with `fed` a fleet's replica, its requests submitted as the run goes (the
-        columns grow). `order_kind`: how the queue is ordered (twin/core.py `order_kind`)."""
+        columns grow; `rid_ranks`: hrrn's rank of every rid of the run).
+        `order_kind`: how the queue is ordered (twin/core.py `order_kind`)."""
         cdef Py_ssize_t i, n
         cdef list at, sent, reqs
         self.fed = fed
         self.closed = columns is None and not fed
         if fed:
-            if order_kind == ORDER_HRRN:
-                raise ValueError("the typed core: hrrn in a fleet is outside the coverage")
             n = 64
             at, sent, reqs = [0.0] * n, [0.0] * n, [None] * n
             self.feed = rep.feed
@@ -555,7 +554,9 @@ cdef class Core:
         cdef Py_ssize_t n_head = n if order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN) else 1
         self.rank = np.zeros(n_hrrn, dtype=np.int64)
         self.hkey = np.zeros(n_hrrn)
-        if order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
+        if order_kind == ORDER_HRRN and fed:
+            self.rid_rank = rid_ranks
+        elif order_kind == ORDER_HRRN:  # rids compared as Python compares them, once
             every = ([r.rid for r in reqs] if not self.closed else
                      [r.rid for r in self.pending] + [e[2].rid for e in self.heap])
             self.rid_rank = {rid: j for j, rid in enumerate(sorted(every))}
@@ -609,8 +610,10 @@ cdef class Core:
         self.round_start = more(self.round_start, NAN)
         self.prefix, self.cached = more(self.prefix, 0), more(self.cached, 0)
         self.prio, self.preemptions_ = more(self.prio, 0), more(self.preemptions_, 0)
-        if self.head_h.shape[0] > 1 or self.order_kind in (ORDER_LPM, ORDER_SPF):
+        if self.order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN):
             self.head_h, self.head_ok = more(self.head_h, 0), more(self.head_ok, 0)
+        if self.order_kind == ORDER_HRRN:
+            self.rank, self.hkey = more(self.rank, 0), more(self.hkey, 0.0)
         self.wtmp, self.wdef = more(self.wtmp, 0), more(self.wdef, 0)
         ring = np.zeros(m, dtype=np.int64)
         for j in range(self.w_len):
@@ -1245,7 +1248,9 @@ cdef class Core:
         cdef Py_ssize_t m = self.w_len, j
         if m < 2:
             return 0
-        now = 0 if self.now_int else self.now  # SimPy's clock starts as the int 0
+        # SimPy's clock as the Python replica reads it: the int 0 at first; in a fleet
+        # SimPy's own (a numpy float where a delay was one: its repr differs)
+        now = self.now_obj if self.fed else (0 if self.now_int else self.now)
         rids = ",".join([self.reqs[self.w_at(j)].rid for j in range(m)])
         idx = list(range(m))
         random.Random(f"{self.seed}:{now!r}:{self.prefill_tokens}:{rids}").shuffle(idx)
@@ -2115,6 +2120,10 @@ cdef class Core:
         t = self.ratio0 - <double>keep * self.decay
         self.ratio = self.min_ratio if self.min_ratio > t else t
         self.run_k = keep
+
+    def queue_load(self):
+        """`len(running) + len(waiting)`: what the fleet's load poller reads."""
+        return self.n_run + self.w_len
 
     def settle(self):
         """The replica's own fields as the Python loop would leave them now."""

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from twin.core import adopt, why_not_fleet
 from twin.core import life as core_life
-from twin.core import why_not_fleet
 from twin.faults import Breaker, Failover, Fault, Health
 from twin.metrics import SLO, summarize, twin_records
 from twin.replica import Replica
@@ -389,6 +389,8 @@ class Deployment:
             self.env.process(self._fault(f, self._worker(f.replica)))  # first: a fault at t
         for w in self.workers:  # applies to steps that start at t
             w.loop = why_not_fleet(w.replica, self)
+            if w.loop is None:
+                adopt(w.replica, self)
             self.env.process(self._life(w))
             if not self.failover.disable_health_check:
                 self.env.process(self._health(w))
@@ -476,7 +478,12 @@ class Deployment:
         while not self._ended():
             for w in self.workers:
                 rep = w.replica
-                w.polled = len(rep.running) + len(rep.waiting) if w.up else None
+                if not w.up:
+                    w.polled = None
+                elif w.loop is None:  # the typed core's queues (twin/core.py)
+                    w.polled = rep._core.queue_load()
+                else:
+                    w.polled = len(rep.running) + len(rep.waiting)
             yield self.env.timeout(self.poll_interval_s)
 
     # ---- results --------------------------------------------------------------------

@@ -72,16 +72,24 @@ def why_not_fleet(rep, dep) -> str | None:
         return "SERVETWIN_PYTHON_LOOP is set"
     if type(rep) is not Replica:
         return "not an SGLang replica"
+    if dep.faults:
+        return "faults (a crash needs the Python replica's state)"
+    return _outside(rep, order_kind(rep.policy))
+
+
+def adopt(rep, dep) -> None:
+    """Give `rep` (inside `why_not_fleet`'s coverage) its typed core, before any process
+    of the fleet runs: `life` runs it, the load poller reads its queues
+    (`Core.queue_load`)."""
     order = order_kind(rep.policy)
-    checks = (
-        (dep.faults, "faults (a crash needs the Python replica's state)"),
-        (dep.poll_interval_s, "a router polling the replicas' queues"),
-        (order == _CORE.ORDER_HRRN, "hrrn in a fleet"),
-    )
-    for bad, why in checks:
-        if bad:
-            return why
-    return _outside(rep, order)
+    ranks = None
+    if order == _CORE.ORDER_HRRN:  # hrrn's tie-break: every rid's place in sorted order
+        ranks = dep.__dict__.get("_rid_ranks")
+        if ranks is None:
+            src = dep.source
+            every = [e[2].rid for e in src._ready] + [r.rid for r in src._pending or ()]
+            ranks = dep._rid_ranks = {rid: j for j, rid in enumerate(sorted(every))}
+    rep._core = _CORE.Core(rep, None, None, None, order, True, ranks)
 
 
 def _outside(rep, order: int | None) -> str | None:
@@ -181,7 +189,7 @@ def life(rep) -> Iterator[simpy.Event]:
     replica's. Its requests come from the deployment's submits (the core's columns
     grow); they leave through the deployment (`feed.left`). `rep._core` keeps the core:
     `Deployment.finalize` settles the replica's fields from it (a run stopped early)."""
-    core = rep._core = _CORE.Core(rep, None, None, None, order_kind(rep.policy), True)
+    core = rep._core  # (`adopt`)
     env = rep.env
     step = core.fleet_pass
     prefill, run, cut, idle, end = (_CORE.F_PREFILL, _CORE.F_RUN, _CORE.F_CUT,
