@@ -106,15 +106,16 @@ def test_interrupted_merge_leaves_the_old_file(tmp_path: Path, monkeypatch) -> N
     old.write_text('{"old": true}\n')
     calls = []
 
-    def interrupting(real):  # the third read or in-kernel copy of the merge is interrupted
+    def interrupting(real):  # the merge's first read, copy or write is interrupted
         def call(*a):
             calls.append(a)
-            if len(calls) == 3:
+            if len(calls) == 1:
                 raise KeyboardInterrupt
             return real(*a)
         return call
 
     monkeypatch.setattr(os, "pread", interrupting(os.pread))
+    monkeypatch.setattr(os, "write", interrupting(os.write))  # (short spans: gathered)
     if hasattr(os, "copy_file_range"):
         monkeypatch.setattr(os, "copy_file_range", interrupting(os.copy_file_range))
     with pytest.raises(KeyboardInterrupt):

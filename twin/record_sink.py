@@ -226,19 +226,27 @@ class RecordSink:
             fixed = fix[0][perm]
             cut |= fixed[1:] | fixed[:-1]
         brk = np.flatnonzero(cut) + 1
-        seg_a = np.concatenate(([0], brk)).tolist()
-        seg_b = np.concatenate((brk, [len(perm)])).tolist()
+        seg_a = np.concatenate(([0], brk))
+        seg_b = np.concatenate((brk, [len(perm)]))
+        # each row's line in the spill (runs hold consecutive rows, in row order)
+        line_at = np.concatenate([offs[:-1] for _, offs in self._runs])
+        line_end = np.concatenate([offs[1:] for _, offs in self._runs])
+        pos_of = line_at[perm[seg_a]].tolist()
+        stop_of = line_end[perm[seg_b - 1]].tolist()
+        fixed_seg = fixed[seg_a].tolist() if fix is not None else None
         with atomic_writer(self.path, binary=True) as fh:
             fh.flush()
             out = fh.fileno()  # written through the descriptor only, so nothing buffers
             in_kernel = hasattr(os, "copy_file_range")
-            for a, b in zip(seg_a, seg_b, strict=True):
-                offs = self._runs[int(run[a])][1]
-                pos, stop = int(offs[local[a]]), int(offs[local[b - 1] + 1])
-                if fix is not None and fixed[a]:
-                    _write_all(out, fix[1](os.pread(fd, stop - pos, pos)))
-                else:
-                    in_kernel = _copy_span(fd, out, pos, stop, in_kernel)
+            with _Gatherer(fd, out) as short:  # (a fleet's records alternate replicas)
+                for k, (pos, stop) in enumerate(zip(pos_of, stop_of, strict=True)):
+                    if fixed_seg is not None and fixed_seg[k]:
+                        short.add(fix[1](os.pread(fd, stop - pos, pos)))
+                    elif stop - pos < _SHORT_SPAN:
+                        short.add_span(pos, stop)
+                    else:
+                        short.drain()
+                        in_kernel = _copy_span(fd, out, pos, stop, in_kernel)
 
     def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
         """`RecordTable.summary` over the columns, rows in the order `perm`."""
@@ -271,6 +279,54 @@ class RecordSink:
         starts[own_piece] = base - 1 - starts[own_piece]
         # (itl_stats weighs the distinct gaps chunk by chunk: no sort of the whole array)
         return itl_stats(joined, starts, lens)
+
+
+_SHORT_SPAN = 256 << 10  # spans shorter than this are gathered here, not copied one by one
+
+
+class _Gatherer:
+    """Short spans of the spill `src` appended to `dst` through one buffer, written
+    `_COPY_BLOCK` at a time (a fleet's merge has a span per record: a system call each
+    would cost more than the copy). The spill is read through a read-only mapping whose
+    pages are dropped after each write, so a day's spill never sits in memory."""
+
+    def __init__(self, src: int, dst: int) -> None:
+        import mmap
+
+        self.dst, self.buf = dst, bytearray()
+        size = os.fstat(src).st_size
+        self.map = mmap.mmap(src, size, prot=mmap.PROT_READ) if size else None
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+        self._drop = getattr(mmap, "MADV_DONTNEED", None)
+
+    def __enter__(self) -> _Gatherer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self.drain()
+        finally:
+            self.view.release()
+            if self.map is not None:
+                self.map.close()
+
+    def add_span(self, pos: int, stop: int) -> None:
+        self.buf += self.view[pos:stop]
+        if len(self.buf) >= _COPY_BLOCK:
+            self.drain()
+
+    def add(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) >= _COPY_BLOCK:
+            self.drain()
+
+    def drain(self) -> None:
+        if self.buf:
+            data, self.buf = self.buf, bytearray()
+            _write_all(self.dst, data)
+            if self.map is not None and self._drop is not None:
+                self.map.madvise(self._drop)
 
 
 def _copy_span(src: int, dst: int, pos: int, stop: int, in_kernel: bool) -> bool:
