@@ -270,11 +270,28 @@ def fleet_files(doc: dict, workload: str, horizon, chunk: int, on: bool, monkeyp
 
 
 def fleet_both(doc: dict, workload: str, monkeypatch, horizon=None, chunk: int = 7) -> list:
+    """The streamed files of the fleet with and without the core, compared; and the run
+    kept in memory (its records' dicts and summary from the columns) against the same
+    run summarised over the dicts (twin/fleet.py `IN_MEMORY_COLUMNS`)."""
+    import simpy
+
+    import twin.fleet
+    from twin.fleet import build_fleet, parse_spec, run_deployment
+    from twin.workload import from_spec
+
     typed, loops = fleet_files(doc, workload, horizon, chunk, True, monkeypatch)
     python, none = fleet_files(doc, workload, horizon, chunk, False, monkeypatch)
     assert None not in none
     for f in FILES:
         assert typed[f] == python[f], f"{f} differs: {doc} {workload} horizon {horizon}"
+    kept = []
+    for columns in (True, False):
+        monkeypatch.setattr(twin.fleet, "IN_MEMORY_COLUMNS", columns)
+        dep = build_fleet(simpy.Environment(), parse_spec(doc, "<drawn>"),
+                          from_spec(workload, seed=0), horizon_s=horizon)
+        res = run_deployment(dep)
+        kept.append((list(res.records), res.summary))
+    assert kept[0] == kept[1]
     return loops
 
 

@@ -176,11 +176,25 @@ FLEETS = {  # test_fleet.py's small deployments: faults, retries, vLLM, pools, a
 }
 
 
+def by_dicts(monkeypatch, build):
+    """A fleet run kept in memory the reference way: `Deployment.records` and `summarize`
+    over the dicts (not the columns twin/fleet.py's in-memory path summarises from)."""
+    import twin.fleet
+
+    with monkeypatch.context() as m:
+        m.setattr(twin.fleet, "IN_MEMORY_COLUMNS", False)
+        return run_deployment(build())
+
+
 @pytest.mark.parametrize("name", list(FLEETS))
 @pytest.mark.parametrize("chunk", [1, 4])
-def test_fleet_streamed_equals_in_memory(tmp_path: Path, name: str, chunk: int) -> None:
+def test_fleet_streamed_equals_in_memory(tmp_path: Path, name: str, chunk: int,
+                                         monkeypatch) -> None:
     mixed = [req(f"q{i:02d}", i * 0.3, 100 + 300 * (i % 2), 6 + i % 5) for i in range(40)]
-    mem = run_deployment(fleet_build(mixed, **FLEETS[name]))
+    mem = by_dicts(monkeypatch, lambda: fleet_build(mixed, **FLEETS[name]))
+    cols = run_deployment(fleet_build(mixed, **FLEETS[name]))
+    assert type(cols.records).__name__ == "FleetList" and type(mem.records) is list
+    assert list(cols.records) == mem.records and cols.summary == mem.summary
     res = run_deployment(fleet_build(mixed, **FLEETS[name]), out=tmp_path, record_chunk=chunk)
     text = (tmp_path / "requests.jsonl").read_text()
     assert text == "".join(line + "\n" for line in _lines(mem)) and len(res.records) == 40
@@ -190,15 +204,17 @@ def test_fleet_streamed_equals_in_memory(tmp_path: Path, name: str, chunk: int) 
         {r["replica"] for r in mem.records} == {"r0", "r1", "r2", "r3"}
 
 
-def test_fleet_ctrl_c_streamed_equals_in_memory(tmp_path: Path) -> None:
-    """Ctrl-C in a fleet: the rewritten errors of the requests it gave up, in both paths."""
+def test_fleet_ctrl_c_streamed_equals_in_memory(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C in a fleet: the rewritten errors of the requests it gave up, in every path."""
     def build_stopped():
         dep = fleet_build(stream(n=40, gap=0.3))
         stop = dep.env.timeout(4.0)
         stop.callbacks.append(lambda _: (_ for _ in ()).throw(KeyboardInterrupt()))
         return dep
 
-    mem = run_deployment(build_stopped())
+    mem = by_dicts(monkeypatch, build_stopped)
+    cols = run_deployment(build_stopped())
+    assert list(cols.records) == mem.records and cols.summary == mem.summary
     res = run_deployment(build_stopped(), out=tmp_path, record_chunk=3)
     assert mem.interrupted and res.interrupted == mem.interrupted
     assert read_records(tmp_path / "requests.jsonl") == list(mem.records)

@@ -2093,10 +2093,17 @@ cdef class Core:
         """How long the step or run just planned lasts."""
         return self.dur
 
-    def run_ends(self):
-        """The end times of the run just planned (F_CUT), and its start."""
+    def cut(self, double now):
+        """A submit at `now` cuts the run just planned (F_CUT): the steps that end by the
+        first step end at or after now are kept, the rest given back (`give_back`);
+        answers how long the kept steps still run."""
         cdef Py_ssize_t k = self.run_k
-        return np.array(self.tl_view[self.tl_fill - k:self.tl_fill]), self.run_t0
+        cdef long long keep = search_left(&self.tl_view[self.tl_fill - k], k, now) + 1
+        if keep > k:
+            keep = k
+        if keep < k:
+            self.give_back(keep)
+        return self.tl_view[self.tl_fill - 1] - now
 
     def give_back(self, long long keep):
         """`CutRuns._give_back`: undo the last steps of the run just planned, keeping

@@ -205,8 +205,7 @@ def life(rep) -> Iterator[simpy.Event]:
             else:
                 core.after_prefill(env.now)
         elif got == cut:
-            ends, t0 = core.run_ends()
-            yield from wait_or_cut(rep, ends, t0, core.give_back)
+            yield from wait_or_cut(rep, core.sleep_s, core.cut)
             core.after_decode(env.now)
         elif got == idle:
             yield from rep._idle(env.now)

@@ -37,8 +37,14 @@ class CutRuns:
                      ratio0: float) -> Iterator[simpy.Event]:
         """Wait out a run of `k` steps ending at `ends` (started at `t0`, with the busy
         time and `new_token_ratio` it started from), or cut it at a submit."""
-        yield from wait_or_cut(self, ends[:k], t0, lambda keep: self._give_back(
-            ends, k, keep, t0, busy0, ratio0))
+
+        def cut(now: float) -> float:
+            keep = min(int(np.searchsorted(ends[:k], now, side="left")) + 1, k)
+            if keep < k:
+                self._give_back(ends, k, keep, t0, busy0, ratio0)
+            return float(ends[keep - 1]) - now
+
+        yield from wait_or_cut(self, float(ends[k - 1]) - t0, cut)
 
     def _give_back(self, ends: np.ndarray, k: int, keep: int, t0: float, busy0: float,
                    ratio0: float) -> None:
@@ -56,14 +62,13 @@ class CutRuns:
             self.step_log[-1] = (*self.step_log[-1][:3], keep)
 
 
-def wait_or_cut(rep, ends: np.ndarray, t0: float, give_back) -> Iterator[simpy.Event]:
-    """Replica `rep` waits out a decode run whose steps end at `ends` (started at `t0`), or
-    a submit cuts it: the steps that end by the first step end at or after the submit are
-    kept, `give_back(keep)` undoes the rest (the Python replica's `_give_back`, or the
-    typed core's, twin/core.py)."""
+def wait_or_cut(rep, dur: float, cut) -> Iterator[simpy.Event]:
+    """Replica `rep` waits out a decode run of `dur` seconds, or a submit cuts it: then
+    `cut(now)` keeps the steps that end by the first step end at or after now, gives the
+    rest back (the Python replica's `_give_back`, or the typed core's, twin/core.py) and
+    answers how long the kept steps still run."""
     env = rep.env
-    k = len(ends)
-    timer = rep._sleep(float(ends[k - 1]) - t0)
+    timer = rep._sleep(dur)
     if timer is None:  # nothing else happens before the run's end: no submit either
         return
     wake = rep._run_cut = env.event()  # the run's end or a submit, whichever first
@@ -74,7 +79,4 @@ def wait_or_cut(rep, ends: np.ndarray, t0: float, give_back) -> Iterator[simpy.E
         rep._run_cut = None
     if timer.processed:
         return
-    keep = min(int(np.searchsorted(ends, env.now, side="left")) + 1, k)
-    if keep < k:
-        give_back(keep)
-    yield env.timeout(float(ends[keep - 1]) - env.now)
+    yield env.timeout(cut(env.now))

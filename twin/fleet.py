@@ -545,20 +545,30 @@ def simulate_fleet(spec: FleetSpec | str, workload: Workload, slo: SLO | None = 
     return result
 
 
+# In memory, a fleet's records are dicts built from the same per-replica tables the
+# streamed path formats, and its summaries come from their columns (twin/record_sink_fleet.py
+# `FleetList`); False: `Deployment.records` and `summarize` over the dicts, the path both
+# are checked against (tests/test_record_stream.py).
+IN_MEMORY_COLUMNS = True
+
+
 def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = None,
                    record_chunk: int = CHUNK) -> FleetResult:
     """Start a built deployment, run it to the end, and collect its results. With `out`
     (a directory) the records are streamed to `out/requests.jsonl` as requests finish
     (twin/record_sink_fleet.py: `record_chunk` at a time; the same bytes) and
     `result.records` reads them back."""
+    from twin.record_sink_fleet import TicketSink
+
     sink = None
     if out is not None:
         from twin.record_sink import Count
-        from twin.record_sink_fleet import TicketSink
 
         sink = dep.done_tickets = TicketSink(dep, Path(out) / "requests.jsonl", record_chunk)
         for w in dep.workers:  # the tickets hold the final attempts; nothing else needs them
             w.replica.finished = Count()
+    elif IN_MEMORY_COLUMNS:  # every ticket held to the end, then the records in memory
+        sink = dep.done_tickets = TicketSink(dep, None, 1 << 62)
     dep.start(run_replicas=True)
     interrupted = None
     # keep what is done: finalize gives the rest `aborted` (stopped between events)
@@ -572,7 +582,7 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         records = dep.records()
     summary = dep.summary(records, slo)
     if interrupted:
-        if sink is None:
+        if out is None:
             for r in records:
                 if r["status"] == "aborted" and (r["error"] or "").startswith(UNFINISHED):
                     r["error"] = f"{interrupted}, before it finished"

@@ -6,7 +6,9 @@ their records formatted (per replica, over the window of that replica's step tim
 tagged with replica, pool and attempts as `Deployment.records` tags them), spilled and
 reduced to columns. `finish()` merges them in the fleet's order (rounded arrival, then
 the ticket's sequence number) and gives `FleetRecords`, which `Deployment.summary` asks
-for the fleet's, each pool's and each replica's summary from the columns.
+for the fleet's, each pool's and each replica's summary from the columns. Without a path
+(a run kept in memory) the records are built as dicts from the same tables instead of
+lines, and `finish()` gives them as `FleetList`, summarised from the same columns.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ UNFINISHED = ("not sent before the horizon", "simulation ended")
 
 
 class TicketSink(RecordSink):
-    def __init__(self, dep, path: Path, chunk: int = CHUNK) -> None:
+    def __init__(self, dep, path: Path | None, chunk: int = CHUNK) -> None:
         super().__init__(lambda: np.empty(0), path, chunk)
         self.workers = dep.workers
         self.timelines = [w.replica for w in dep.workers]  # read by `step_window`
         self.interrupted: str | None = None  # set before `finish`: the rewritten errors
+        self.kept: list[dict] = []  # without a path: the records, in row order
 
     def append(self, ticket) -> None:
         self._n += 1
@@ -54,8 +57,21 @@ class TicketSink(RecordSink):
             self._cols.setdefault("unfinished", []).append(np.array(
                 [r.status == "aborted" and (r.error or "").startswith(UNFINISHED)
                  for r in reqs], dtype=bool))
-            self._spill_lines(table.blocks(tails=self._tails(w, tickets)))
+            if self.path is not None:
+                self._spill_lines(table.blocks(tails=self._tails(w, tickets)))
+            else:
+                self._keep_records(w, tickets, table)
             self._rows += len(reqs)
+
+    def _keep_records(self, w: int, tickets: list, table) -> None:
+        """The records as dicts, tagged as `Deployment.records` tags them."""
+        worker = self.workers[w] if w >= 0 else None
+        name, pool = (worker.name, worker.pool) if worker is not None else (None, None)
+        for t, rec in zip(tickets, table, strict=True):
+            rec["replica"] = name
+            rec["pool"] = pool
+            rec["attempts"] = t.attempts
+            self.kept.append(rec)
 
     def _tails(self, w: int, tickets: list) -> list[bytes]:
         """Each record's fleet fields: the replica and pool it ran on, its attempts."""
@@ -64,16 +80,23 @@ class TicketSink(RecordSink):
         head = f',"replica":{name},"pool":{pool},"attempts":'
         return [f"{head}{t.attempts}".encode() for t in tickets]
 
-    def finish(self, slo: SLO | None = None) -> FleetRecords:
-        """The records (merged into `path`), for `Deployment.summary` to summarise."""
+    def finish(self, slo: SLO | None = None) -> FleetRecords | FleetList:
+        """The records (merged into `path`; without one, in memory), for
+        `Deployment.summary` to summarise."""
         self.flush()
         c = self._columns() if self._cols else {}
         if not c:  # no request at all
+            if self.path is None:
+                return FleetList([], FleetRecords(None, 0, self, None, {}))
             from twin.outputs import atomic_write_text
 
             atomic_write_text(self.path, "")
             return FleetRecords(self.path, 0, self, None, {})
         perm = np.lexsort((c["seq"], c["arrival_s"]))
+        if self.path is None:
+            kept, self.kept = self.kept, []
+            return FleetList([kept[i] for i in perm.tolist()],
+                             FleetRecords(None, len(perm), self, perm, c))
         fix = None
         if self.interrupted:
             fix = c["unfinished"]
@@ -125,3 +148,21 @@ class FleetRecords(StreamedRecords):
 
     def all_in(self, key: str, value) -> bool:
         return len(self._rows(key, value)) == len(self)
+
+
+class FleetList(list):
+    """A fleet's records kept in memory: the dicts, in the fleet's order, and the summaries
+    `Deployment.summary` asks for, from the columns (`FleetRecords`)."""
+
+    def __init__(self, records: list[dict], columns: FleetRecords) -> None:
+        super().__init__(records)
+        self._columns = columns
+
+    def summary(self, slo: SLO | None = None, duration_s: float | None = None) -> dict:
+        return self._columns.summary(slo, duration_s)
+
+    def part(self, key: str | None, value, slo: SLO | None = None) -> dict:
+        return self._columns.part(key, value, slo)
+
+    def all_in(self, key: str, value) -> bool:
+        return self._columns.all_in(key, value)
