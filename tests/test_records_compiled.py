@@ -37,7 +37,8 @@ if COMPILED is None:
 
 
 def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
-    """What each core makes of the same requests: columns, times, blocks, lines, window."""
+    """What each core makes of the same requests: columns, times, blocks, lines, the
+    records as dicts, window."""
     out = []
     for core in (None, COMPILED):
         saved = record_table._C
@@ -52,6 +53,7 @@ def both(reqs: list, ends: np.ndarray, off: int = 0) -> tuple[dict, dict]:
                             f',"replica":"r{i}","attempts":{i}'.encode()
                             for i in range(len(reqs))])],
                         "lines": list(t.lines()),
+                        "dicts": [repr(d) for d in t],  # (repr: NaN equals itself)
                         "window": record_table.step_range(reqs)})
         finally:
             record_table._C = saved

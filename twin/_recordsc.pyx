@@ -338,6 +338,48 @@ def times(list reqs_, const long long[::1] n_out):
     return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
 
 
+# ---- records as dicts ----------------------------------------------------------------------
+def records(list reqs, first, start, length, n_out, tuple times, list step_gaps,
+            list own_gaps, Py_ssize_t i0, Py_ssize_t i1):
+    """twin/record_table.py `RecordTable._record` of requests i0..i1-1, as a list: the
+    same dicts (keys in the same order; each token gap the float of `step_gaps` or
+    `own_gaps` the Python code takes)."""
+    cdef const long long[::1] f1 = first
+    cdef const long long[::1] s1 = start
+    cdef const long long[::1] l1 = length
+    cdef const long long[::1] n1 = n_out
+    cdef Py_ssize_t i, k, s, n_steps = len(step_gaps), n_own = len(own_gaps)
+    cdef list out = [], itl
+    cdef list arrival, ttft, tpot, e2e, queue, lost
+    arrival, ttft, tpot, e2e, queue, lost = times
+    if not (0 <= i0 <= i1 <= len(reqs)) or f1.shape[0] != len(reqs) + 1 \
+            or n1.shape[0] != len(reqs) or s1.shape[0] != l1.shape[0]:
+        raise ValueError("records: columns that do not fit together")
+    for i in range(i0, i1):
+        r = reqs[i]
+        itl = []
+        for k in range(f1[i], f1[i + 1]):
+            s = s1[k]
+            if s >= 0:
+                if s + l1[k] > n_steps or l1[k] < 0:
+                    raise IndexError(f"token gap piece {s}+{l1[k]} beyond {n_steps} steps")
+                itl.extend(step_gaps[s:s + l1[k]])
+            else:
+                if -1 - s >= n_own:
+                    raise IndexError(f"boundary gap {-1 - s} beyond {n_own}")
+                itl.append(own_gaps[-1 - s])
+        rec = {"rid": r.rid, "arrival_s": arrival[i], "prompt_tokens": r.prompt_tokens,
+               "cached_tokens": r.cached_tokens, "output_tokens": n1[i],
+               "priority": r.priority, "ttft_s": ttft[i], "tpot_s": tpot[i], "itl_s": itl,
+               "e2e_s": e2e[i], "queue_s": queue[i], "retractions": r.retractions,
+               "preemptions": r.preemptions, "status": r.status, "error": r.error,
+               "lost_s": lost[i], "kv_moved_bytes": round(r.moved_bytes)}
+        if not r.ignore_eos:
+            rec["ignore_eos"] = False
+        out.append(rec)
+    return out
+
+
 # ---- requests.jsonl ----------------------------------------------------------------------
 def _check_plan(n, first, start, length, n_out, times, n_gaps, n_own, n_uniq, inv):
     """Refuse columns that do not fit together before `block` reads them unchecked."""

@@ -28,6 +28,7 @@ the file, line and field.
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -571,16 +572,29 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         sink = dep.done_tickets = TicketSink(dep, None, 1 << 62)
     dep.start(run_replicas=True)
     interrupted = None
-    # keep what is done: finalize gives the rest `aborted` (stopped between events)
-    if run_interruptible(dep.env, dep.wait_in_events):
-        interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
-    dep.finalize()
-    if sink is not None:
-        sink.interrupted = interrupted  # its merge rewrites the errors, as below
-        records = sink.finish()
-    else:
-        records = dep.records()
-    summary = dep.summary(records, slo)
+    # Python's cyclic collector off where nothing forms cycles: a fleet whose every
+    # replica runs in the typed core (SimPy's events, the tickets and the core's
+    # requests form none; the Python replica's radix nodes do), and the records and
+    # summaries (dicts, lists, arrays); each collection would only walk the live
+    # requests again (docs/perf.md, fourteenth round)
+    collecting = gc.isenabled()
+    try:
+        if all(w.loop is None for w in dep.workers):
+            gc.disable()
+        # keep what is done: finalize gives the rest `aborted` (stopped between events)
+        if run_interruptible(dep.env, dep.wait_in_events):
+            interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
+        dep.finalize()
+        gc.disable()
+        if sink is not None:
+            sink.interrupted = interrupted  # its merge rewrites the errors, as below
+            records = sink.finish()
+        else:
+            records = dep.records()
+        summary = dep.summary(records, slo)
+    finally:
+        if collecting:
+            gc.enable()
     if interrupted:
         if out is None:
             for r in records:

@@ -173,8 +173,18 @@ class RecordTable(Sequence):
         return self._record(i % n)
 
     def __iter__(self) -> Iterator[dict]:
-        for i in range(len(self._reqs)):
-            yield self._record(i)
+        if _C is None:
+            for i in range(len(self._reqs)):
+                yield self._record(i)
+            return
+        plan, times = self._plan(), self._times()
+        if self._gap_floats is None:
+            self._gap_floats = (plan.step_gaps.tolist(), plan.own_gaps.tolist())
+        sg, og = self._gap_floats
+        for i in range(0, len(self._reqs), BLOCK):  # compiled, a block of dicts at a time
+            yield from _C.records(self._reqs, plan.first, plan.start, plan.length,
+                                  plan.n_out, times, sg, og, i,
+                                  min(i + BLOCK, len(self._reqs)))
 
     def _record(self, i: int) -> dict:
         """`records_one_by_one([request i], step_end)[0]`, from the table's columns: the gaps
