@@ -333,14 +333,17 @@ def test_the_users_hybrid_fleet(monkeypatch) -> None:
                               ",templates=4,template_len=20,share=0.8"]),
        policy=st.sampled_from([None, "lpm", "dfs-weight", "hrrn", "lof", "random",
                                "shortest-prefill-first"]),
-       prio=st.booleans(), mixed=st.booleans(), records=st.sampled_from([3, 50, 100000]))
+       prio=st.booleans(), mixed=st.booleans(), records=st.sampled_from([3, 50, 100000]),
+       faults=st.sampled_from([None, "crash", "crash-streaming", "crashes", "hang", "slow"]))
 def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, pool, overlap,
                                          chunk, horizon, rate, running, radix, policy, prio,
-                                         mixed, records) -> None:
+                                         mixed, records, faults) -> None:
     """Fleets drawn over the replica counts, sglang-router's and the gateway's routers
     (length: two pools by prompt length; least_load over the engines' queues polled every
     half second), open and closed loops and the single-replica options above, records
-    streamed in chunks of `records`: the core's bytes are the Python replicas'."""
+    streamed in chunks of `records`, faults (a crash with retries or with streaming
+    clients, two crashes, a hung health check, a slowed replica, which runs the Python
+    replica beside the others' cores): the core's bytes are the Python replicas'."""
     args = {"model_path": "meta-llama/Llama-3.1-8B"}
     if radix is None:
         args["disable_radix_cache"] = True
@@ -366,12 +369,26 @@ def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, po
                          "replicas": [{**replica, "name": "l", "count": 2}]}]
     else:
         doc["replicas"] = [{**replica, "name": "r", "count": n_rep}]
+    first = ("s" if router == "length" else "r") + ("0" if n_rep > 1 else "")
+    if faults:
+        doc["failover"] = {"health_check_interval_secs": 1.0, "health_failure_threshold": 2,
+                           "health_check_timeout_secs": 0.5,
+                           "streaming": faults == "crash-streaming"}
+        kind = faults if faults in ("hang", "slow") else "crash"
+        doc["faults"] = [{"kind": kind, "replica": first, "at_s": 3.3, "repair_s": 4.0,
+                          "duration_s": 5.0, "factor": 3.0}]
+        if faults == "crashes":
+            doc["faults"].append({"kind": "crash", "replica": first, "at_s": 9.1,
+                                  "repair_s": 2.0})
     arrival = (f"arrival=closed,concurrency={rate.split(':')[1]},clients=replay"
                if isinstance(rate, str) else f"arrival=poisson,rate={rate}")
     workload = (f"{arrival},n=90,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")
                 + (",tiers=0:0.6/20:0.3/40:0.1" if prio else ""))
     loops = fleet_both(doc, workload, monkeypatch, horizon, records)
-    assert set(loops) == {None}
+    if faults == "slow":  # (a slowed replica's step times change: no memo)
+        assert loops[0] == "no step-time memo" and set(loops[1:]) <= {None}
+    else:
+        assert set(loops) == {None}
 
 
 def test_the_fleet_command_says_which_loop_ran(capsys) -> None:

@@ -398,6 +398,7 @@ cdef class Core:
     # a step or run planned and not yet slept through (`prefill_post`, `decode_post`)
     cdef double dur
     cdef bint post_decoders, post_done
+    cdef bint in_prefill  # between prefill_pre and prefill_post (a crash loses its batch)
     # a replica in a fleet (`fed`): SimPy runs it, pass by pass (twin/core.py `life`); its
     # feed is the deployment's (pump, next_arrival, done, left), whose submits fill the
     # replica's inbox; `cuts`: its decode runs ignore arrivals and a submit cuts them
@@ -656,6 +657,10 @@ cdef class Core:
         """Append k step ends to the timeline."""
         cdef Py_ssize_t m
         while k > 0:
+            if self.tl_fill == TL_BLOCK:  # (a full block is set aside at the next add: the
+                self.end_blocks.append(self.tl_cur)  # last run's steps stay in tl_cur)
+                self.rep._end_chunks = []  # (a reader's view of the full block goes)
+                self.tl_new()
             m = TL_BLOCK - self.tl_fill
             if m > k:
                 m = k
@@ -663,10 +668,6 @@ cdef class Core:
             self.tl_fill += m
             ends += m
             k -= m
-            if self.tl_fill == TL_BLOCK:
-                self.end_blocks.append(self.tl_cur)
-                self.rep._end_chunks = []  # (a reader's view of the full block goes)
-                self.tl_new()
         return 0
 
     cdef int tl_close(self) except -1:
@@ -1682,6 +1683,7 @@ cdef class Core:
         self.feeder_yield()  # the replica sleeps through the step
         self.dur = dur
         self.post_decoders = decoders
+        self.in_prefill = True
         return 1
 
     cdef int prefill_post(self, double end) except -1:
@@ -1691,6 +1693,7 @@ cdef class Core:
         cdef bint decoders = self.post_decoders
         self.now = end
         self.now_int = False
+        self.in_prefill = False
         if decoders:  # their token from this step (`_advance(decoders, 1)`)
             self.tl_add(&end, 1)
             self.n_dec_steps += 1
@@ -1853,7 +1856,10 @@ cdef class Core:
             k = kk
         if not self.grow(k):
             return RETRACTED
-        if self.fed and self.tl_fill + k > TL_BLOCK and self.tl_fill > 0:
+        if self.fed and self.tl_fill + k > TL_BLOCK:
+            if k > TL_BLOCK:
+                raise RuntimeError(f"the typed core: a decode run of {k} steps in a fleet "
+                                   f"(at most {TL_BLOCK})")
             self.tl_close()
         self.busy0, self.ratio0 = self.busy_s, self.ratio
         self.tl_add(ev, k)
@@ -2127,6 +2133,72 @@ cdef class Core:
         t = self.ratio0 - <double>keep * self.decay
         self.ratio = self.min_ratio if self.min_ratio > t else t
         self.run_k = keep
+
+    def crash(self, str reason, now_obj):
+        """`Replica.crash` at SimPy's `now_obj` (a fault interrupted the replica's process
+        where it yielded): the steps that end after now are gone; every request inside
+        (running, the chunked one, the queue, a prefill step's batch in flight, then the
+        inbox) leaves aborted with the tokens emitted by now; the radix cache empties."""
+        cdef double now = now_obj
+        cdef Py_ssize_t j, drop = 0
+        cdef long long i, keep
+        self.now, self.now_obj = now, now_obj
+        self.now_int = type(now_obj) is int
+        while self.tl_fill > 0 and self.tl_view[self.tl_fill - 1] > now:
+            self.tl_fill -= 1  # (a fleet's runs lie in the block being filled: tl_close)
+            drop += 1
+        self.n_dec_steps -= drop
+        keep = self.n_dec_steps
+        self.tl_sync()
+        live, seen = [], set()
+        for j in range(self.n_run):
+            live.append(self.run_[j])
+        if self.chunked >= 0:
+            live.append(self.chunked)
+        for j in range(self.w_len):
+            live.append(self.w_at(j))
+        if self.in_prefill:  # the batch of the step in flight (placed: none has left)
+            for j in range(self.a_n):
+                live.append(self.a_req[j])
+            if self.post_decoders:  # a mixed step's decode tokens, taken before it ran
+                self.used -= self.n_run
+        self.n_run = self.w_len = 0
+        self.chunked = -1
+        self.in_prefill = False
+        for i in live:
+            if i in seen:
+                continue
+            seen.add(i)
+            self.close_tokens(i)
+            t = self.tok[i]
+            if t:
+                self.tok[i] = [(e[0], min(e[1], keep)) if isinstance(e, tuple) else e
+                               for e in t if (e[0] < keep if isinstance(e, tuple)
+                                              else e <= now)]
+            self.release_kv(i)
+            self.leave(i, "aborted", reason)
+        inbox = self.rep._inbox
+        if inbox:
+            self.rep._inbox = []
+            for sent, req in inbox:
+                self.take_in(sent, req)
+        for i in range(self.in_lo, self.in_hi):
+            r = SimRequest(self.reqs[i], self.sent[i], i)
+            r.status, r.error, r.finish_s = "aborted", reason, now_obj
+            self.out(r)
+        self.in_lo = self.in_hi
+        if self.has_tree:
+            self.used -= self.tree.evict_(self.tree.total_tokens)
+
+    def restart(self):
+        """`Replica.restart`: a fresh scheduler over the emptied pool."""
+        self.batch_full = self.shrunk = False
+        self.known = 0
+        self.scheduled_at = NAN
+        self.ratio = self.init_ratio
+        self.placed_any = True
+        self.fl_slots = self.fl_tokens = self.fl_next_slots = self.fl_next_tokens = 0
+        self.same_t, self.spins = -1.0, 0
 
     def queue_load(self):
         """`len(running) + len(waiting)`: what the fleet's load poller reads."""

@@ -423,7 +423,11 @@ class Deployment:
                 return
             except simpy.Interrupt as stop:
                 repair_s = stop.cause
-            w.replica.crash(f"{w.name} crashed at {self.env.now:g} s")
+            why = f"{w.name} crashed at {self.env.now:g} s"
+            if w.loop is None:  # the typed core holds the replica's state
+                w.replica._core.crash(why, self.env.now)
+            else:
+                w.replica.crash(why)
             end = self.env.now + repair_s
             if self.horizon is not None:
                 end = min(end, self.horizon)
@@ -431,6 +435,8 @@ class Deployment:
             w.crashes[-1] = (w.crashes[-1][0], self.env.now)
             w.up = True
             w.replica.restart()
+            if w.loop is None:
+                w.replica._core.restart()
 
     def _fault(self, f: Fault, w: Worker) -> Iterator[simpy.Event]:
         if self.horizon is not None and f.at_s >= self.horizon:

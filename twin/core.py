@@ -65,16 +65,15 @@ def why_not(rep) -> str | None:
 def why_not_fleet(rep, dep) -> str | None:
     """None when `rep`, a replica of the fleet `dep` (twin/fleet.py `build_fleet`, started:
     `Deployment.start` has set how runs are cut), is inside the coverage of the typed
-    core run by SimPy (`life`); else what is outside it."""
+    core run by SimPy (`life`; crashes and restarts by `Core.crash` and `Core.restart`);
+    else what is outside it."""
     if _CORE is None:
         return WHY_NO_CORE or "the typed core is switched off"
     if os.environ.get("SERVETWIN_PYTHON_LOOP"):
         return "SERVETWIN_PYTHON_LOOP is set"
     if type(rep) is not Replica:
         return "not an SGLang replica"
-    if dep.faults:
-        return "faults (a crash needs the Python replica's state)"
-    return _outside(rep, order_kind(rep.policy))
+    return _outside(rep, order_kind(rep.policy))  # (a `slow` fault: no step-time memo)
 
 
 def adopt(rep, dep) -> None:
