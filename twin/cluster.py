@@ -268,7 +268,8 @@ class Deployment:
         if len(views) != len(self.workers):
             views[:] = [None] * len(self.workers)
         for w, v in zip(self.workers, views, strict=True):
-            ok = w.health.healthy and w.breaker.allows(now)
+            br = w.breaker  # (a closed breaker lets requests through: no call to ask)
+            ok = w.health.healthy and (br.state == "closed" or br.allows(now))
             if v is None or v.healthy != ok or v.load != w.inflight or v.polled_load != w.polled:
                 views[w.index] = WorkerView(w.index, w.name, w.pool, ok, w.inflight, w.polled)
         return list(views)
