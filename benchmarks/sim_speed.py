@@ -9,7 +9,9 @@ peak (the default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCI
 `finance-qa,n=N` for N requests, the bare preset for its 600), and the same mix under
 SGLang's cache-aware `--schedule-policy lpm` (finance-qa-lpm: its shared templates are
 what lpm is for), shortest-prefill-first (finance-qa-spf) and SGLang's priority scheduling
-(finance-qa-priority: its VIP tiers).
+(finance-qa-priority: its VIP tiers); and fleets on that mix (fleet-finance-pool: five
+SGLang replicas behind round_robin; fleet-finance-hybrid: the users' design, SGLang and
+vLLM pools by prompt length).
 
     python benchmarks/sim_speed.py [--sizes 10000 100000] [--base COMMIT] [--base-max N]
         [--workloads vidur h100] [--rounds 1]
@@ -56,6 +58,13 @@ WORKLOADS = {
     # its VIP tiers (0, 10, 20) under SGLang's priority scheduling: tier 20 preempts tier 0
     "finance-qa-priority": lambda n: [*WORKLOADS["finance-qa"](n),
                                       "--enable-priority-scheduling"],
+    # fleets (`--deployment`, twin/fleet_presets.py) on the finance-qa mix replayed as its
+    # arrivals: the users' 10 GPUs as five SGLang replicas behind round_robin, and their
+    # hybrid (two SGLang replicas behind cache_aware, two vLLM pools by prompt length)
+    "fleet-finance-pool": lambda n: ["--deployment", "finance-sglang-pool", "--workload",
+                                     f"finance-qa,n={n},clients=replay"],
+    "fleet-finance-hybrid": lambda n: ["--deployment", "finance-hybrid", "--workload",
+                                       f"finance-qa,n={n},clients=replay"],
 }
 
 
