@@ -66,6 +66,10 @@ RUNS: dict[str, list[str]] = {
     "fleet": ["--deployment", "finance-sglang-pool", "--workload",
               "arrival=closed,concurrency=20,n=150,prompt=uniform:200:6000,"
               "output=uniform:20:300,templates=4,template_len=1024,system_prompt=256"],
+    # the users' hybrid (SGLang behind cache_aware, vLLM pools by length) with a crash of an
+    # SGLang replica: the fleet core's crash and restart, the vLLM block cache
+    "fleet-hybrid+crash": ["--deployment", "finance-hybrid", "--workload",
+                           "finance-qa,n=500,clients=replay", "--fault", "crash:sg0:40:30"],
 }
 
 

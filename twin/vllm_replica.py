@@ -411,9 +411,17 @@ class VllmReplica(Inbox):
         if hit is not None:
             return hit
         keys, prev, pieces, filled, bs = [], 0, [], 0, self.bs
+        append = keys.append
         for h, n in r.req.segments:
             off = 0
             while off < n:
+                if not filled:  # whole blocks of one segment (a document's): the same
+                    while n - off >= bs:  # hashes without the general case's bookkeeping
+                        prev = hash((prev, ((h, off, bs),)))
+                        append(prev)
+                        off += bs
+                    if off == n:
+                        break
                 take = min(n - off, bs - filled)
                 pieces.append((h, off, take))
                 off += take
@@ -449,14 +457,15 @@ class VllmReplica(Inbox):
                 del self.free_q[key]
             self.refs[key] = self.refs.get(key, 0) + 1
             held.append(key)
-        for _ in range(max(new, 0)):
-            if self.fresh:
-                self.fresh -= 1
-            else:
-                old, _ = self.free_q.popitem(last=False)
-                self.hashed.discard(old)  # a cached block reused from the head: evicted
-            self._tag += 1
-            held.append(("p", self._tag))
+        new = max(new, 0)
+        fresh = min(new, self.fresh)  # never-used blocks first, then the free queue's head
+        self.fresh -= fresh
+        pop, discard = self.free_q.popitem, self.hashed.discard
+        for _ in range(new - fresh):
+            discard(pop(last=False)[0])  # a cached block reused from the head: evicted
+        tag = self._tag
+        held.extend([("p", t) for t in range(tag + 1, tag + new + 1)])
+        self._tag = tag + new
         return True
 
     def _whole_fits(self, r: SimRequest, hits: list) -> bool:
@@ -477,25 +486,37 @@ class VllmReplica(Inbox):
             return
         self._upto[r.index] = full
         keys = self._prompt_keys(r)
+        hashed, refs, n_keys = self.hashed, self.refs, len(keys)
+        if full <= n_keys:  # prompt blocks only: as one batch when each is a fresh block
+            new = keys[first:full]  # whose key no block holds yet (the usual case)
+            if (hashed.isdisjoint(new) and len(set(new)) == len(new)
+                    and all(type(x) is tuple and x[0] == "p" for x in held[first:full])):
+                hashed.update(new)
+                refs.update(dict.fromkeys(new, 1))
+                held[first:full] = new
+                return
         for b in range(first, full):
-            if not isinstance(held[b], tuple) or held[b][0] != "p":
+            block = held[b]
+            if type(block) is not tuple or block[0] != "p":
                 continue
-            key = keys[b] if b < len(keys) else ("o", r.index, b)
-            if key in self.hashed:
+            key = keys[b] if b < n_keys else ("o", r.index, b)
+            if key in hashed:
                 continue  # already cached by another block: this one stays unhashed
-            self.hashed.add(key)
-            self.refs[key] = 1
+            hashed.add(key)
+            refs[key] = 1
             held[b] = key
 
     def _free(self, r: SimRequest) -> None:
+        refs, free_q = self.refs, self.free_q
         for key in reversed(self.blocks.get(r.index, [])):
-            if key in self.refs:
-                self.refs[key] -= 1
-                if self.refs[key] == 0:
-                    del self.refs[key]
-                    self.free_q[key] = None
+            n = refs.get(key)
+            if n is None:
+                free_q[key] = None
+            elif n == 1:
+                del refs[key]
+                free_q[key] = None
             else:
-                self.free_q[key] = None
+                refs[key] = n - 1
         self.blocks[r.index] = []
         self._upto.pop(r.index, None)
 
