@@ -367,13 +367,17 @@ class ApproxTree:
                     heapq.heappush(heap, (parent.tenants[tenant], id_of(parent), parent))
 
     def _leaves_of(self, tenant: int) -> list[_TNode]:
-        out, stack = [], [self.root]
+        """The nodes `tenant` holds where no child holds it. Only its own nodes are walked:
+        a node holds a tenant only below nodes that hold it (`insert` marks the whole path;
+        `evict` takes a node's tenant only when no child holds it)."""
+        out = []
+        stack = [c for c in self.root.children.values() if tenant in c.tenants]
         while stack:
             n = stack.pop()
-            kids = list(n.children.values())
-            stack.extend(kids)
-            if n is not self.root and tenant in n.tenants and not any(
-                    tenant in c.tenants for c in kids):
+            kids = [c for c in n.children.values() if tenant in c.tenants]
+            if kids:
+                stack.extend(kids)
+            else:
                 out.append(n)
         return out
 
