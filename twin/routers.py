@@ -298,13 +298,15 @@ class CacheAwareRouter(_Base):
 
 
 class _TNode:
-    __slots__ = ("key", "tokens", "parent", "children", "tenants")
+    __slots__ = ("key", "tokens", "parent", "children", "tenants", "path")
 
     def __init__(self, key, parent) -> None:
         self.key, self.parent = key, parent
         self.tokens = key[1] if key else 0
         self.children: dict = {}
         self.tenants: dict[int, float] = {}  # worker -> last access
+        # the segment keys from the root down to here (`id_of`), fixed at creation
+        self.path: tuple = () if parent is None else (*parent.path, key)
 
 
 class ApproxTree:
@@ -384,11 +386,7 @@ class ApproxTree:
 
 def id_of(n: _TNode) -> tuple:
     """A deterministic tie-break for nodes: the path of segment keys from the root."""
-    path = []
-    while n.parent is not None:
-        path.append(n.key)
-        n = n.parent
-    return tuple(reversed(path))
+    return n.path
 
 
 @register_router("length")
