@@ -572,20 +572,18 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         sink = dep.done_tickets = TicketSink(dep, None, 1 << 62)
     dep.start(run_replicas=True)
     interrupted = None
-    # Python's cyclic collector off where nothing forms cycles: a fleet whose every
-    # replica runs in the typed core (SimPy's events, the tickets and the core's
-    # requests form none; the Python replica's radix nodes do), and the records and
-    # summaries (dicts, lists, arrays); each collection would only walk the live
-    # requests again (docs/perf.md, fourteenth round)
+    # Python's cyclic collector off: nothing a fleet's run makes forms cycles (SimPy's
+    # events, the tickets, the typed core's and the Python replicas' requests, an evicted
+    # radix node; `gc.collect()` during a run finds only the builders' closures), nor do
+    # the records and summaries; each collection would only walk the live requests and
+    # the router's tree again (docs/perf.md, fourteenth round)
     collecting = gc.isenabled()
     try:
-        if all(w.loop is None for w in dep.workers):
-            gc.disable()
+        gc.disable()
         # keep what is done: finalize gives the rest `aborted` (stopped between events)
         if run_interruptible(dep.env, dep.wait_in_events):
             interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
         dep.finalize()
-        gc.disable()
         if sink is not None:
             sink.interrupted = interrupted  # its merge rewrites the errors, as below
             records = sink.finish()
