@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import simpy
 from helpers import GPU, MODEL, req
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stepmodels import FixedStepTime
 
 from twin.cluster import Deployment
@@ -212,3 +214,21 @@ def test_length_router_falls_back_to_another_pool_when_its_own_has_no_healthy_wo
     with pytest.raises(ConfigError, match="fallback names pool 'tpu'"):
         make_router("length", {"pools": pools, "thresholds": [1], "inner": {},
                                "fallback": {"sglang": ["tpu"]}})
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50)),
+                                          min_size=1, max_size=4), st.integers(0, 3)),
+    st.tuples(st.just("evict"), st.integers(0, 150), st.just(0))), max_size=120))
+def test_cache_aware_tree_keeps_each_tenants_leaves(ops) -> None:
+    """The approximate tree's per-tenant leaves (what an eviction starts from), kept as
+    inserts and evictions go, are the ones a walk of the tree finds."""
+    t = ApproxTree()
+    for step, (op, arg, tenant) in enumerate(ops):
+        if op == "insert":
+            t.insert(arg, tenant, float(step))
+        else:
+            t.evict(arg, float(step))
+        for ten in range(4):
+            assert set(map(id, t._leaves_of(ten))) == set(map(id, t._walk_leaves_of(ten)))

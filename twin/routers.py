@@ -315,9 +315,13 @@ class ApproxTree:
     def __init__(self) -> None:
         self.root = _TNode(None, None)
         self.size: dict[int, int] = {}  # tokens per tenant
+        # per tenant, the nodes it holds where no child holds it (what eviction starts
+        # from), kept as inserts and evictions go
+        self.leaves: dict[int, set[_TNode]] = {}
 
     def insert(self, segments, tenant: int, now: float) -> None:
         node = self.root
+        leaves = self.leaves.setdefault(tenant, set())
         for seg in segments:
             child = node.children.get(seg)
             if child is None:
@@ -325,7 +329,11 @@ class ApproxTree:
             if tenant not in child.tenants:
                 self.size[tenant] = self.size.get(tenant, 0) + child.tokens
             child.tenants[tenant] = now
+            leaves.discard(node)  # a child holds the tenant now (the root is never one)
             node = child
+        if node is not self.root and not any(tenant in c.tenants
+                                             for c in node.children.values()):
+            leaves.add(node)
 
     def prefix_match(self, segments, now: float) -> tuple[int, int | None]:
         node, matched = self.root, 0
@@ -361,17 +369,25 @@ class ApproxTree:
                     continue
                 del n.tenants[tenant]
                 self.size[tenant] -= n.tokens
+                self.leaves[tenant].discard(n)
                 parent = n.parent
                 if not n.children and not n.tenants and parent is not None:
                     del parent.children[n.key]
                 if parent is not self.root and parent is not None and tenant in parent.tenants \
                         and not any(tenant in c.tenants for c in parent.children.values()):
+                    self.leaves[tenant].add(parent)
                     heapq.heappush(heap, (parent.tenants[tenant], id_of(parent), parent))
 
     def _leaves_of(self, tenant: int) -> list[_TNode]:
-        """The nodes `tenant` holds where no child holds it. Only its own nodes are walked:
-        a node holds a tenant only below nodes that hold it (`insert` marks the whole path;
-        `evict` takes a node's tenant only when no child holds it)."""
+        """The nodes `tenant` holds where no child holds it (`leaves`, kept as the tree
+        changes; their order does not matter: each has its own (access, path) key)."""
+        return list(self.leaves.get(tenant, ()))
+
+    def _walk_leaves_of(self, tenant: int) -> list[_TNode]:
+        """`_leaves_of` found by a walk (tests check the kept sets against it). Only the
+        tenant's own nodes are walked: a node holds a tenant only below nodes that hold it
+        (`insert` marks the whole path; `evict` takes a node's tenant only when no child
+        holds it)."""
         out = []
         stack = [c for c in self.root.children.values() if tenant in c.tenants]
         while stack:
