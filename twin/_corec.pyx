@@ -634,13 +634,19 @@ cdef class Core:
         cdef Py_ssize_t i = self.in_hi
         if i >= self.n:
             self.grow_cols(i + 1)
-        self.at[i] = sent
+        self.set_request(i, sent, sent, req)
+        self.in_hi = i + 1
+        return 0
+
+    cdef inline int set_request(self, Py_ssize_t i, double at, double sent, req) except -1:
+        """Request number i's columns from the scheduler's arrival, the send and the
+        request."""
+        self.at[i] = at
         self.sent[i] = sent
         self.reqs[i] = req
         self.prompt[i] = req.prompt_tokens
         self.max_new[i] = req.output_tokens
         self.prio[i] = req.priority
-        self.in_hi = i + 1
         return 0
 
     def __dealloc__(self):
@@ -718,12 +724,7 @@ cdef class Core:
         cdef Py_ssize_t i = self.in_hi
         if self.closed:
             t, seq, req = heappop(self.heap)
-            self.at[i] = t
-            self.sent[i] = self.sent_of.pop(seq, t)
-            self.reqs[i] = req
-            self.prompt[i] = req.prompt_tokens
-            self.max_new[i] = req.output_tokens
-            self.prio[i] = req.priority
+            self.set_request(i, t, self.sent_of.pop(seq, t), req)
         self.in_hi = i + 1
         return 0
 
@@ -1948,12 +1949,32 @@ cdef class Core:
         return 0
 
     # ---- the loop (Replica.run) -------------------------------------------------------
+    cdef bint top(self, double now) except -1:
+        """The top of a pass: arrivals taken in, the overlap loop's held slots turned, a
+        sample due taken; True at the horizon (the run ends), else SGLang's filter of a
+        shrunk batch clears batch_is_full."""
+        cdef bint freed
+        self.pull(now)
+        if self.overlap:  # FreedLater.turn
+            freed = self.fl_slots != 0 or self.fl_tokens != 0
+            self.fl_slots, self.fl_tokens = self.fl_next_slots, self.fl_next_tokens
+            self.fl_next_slots = self.fl_next_tokens = 0
+            if freed:
+                self.batch_full = False
+        if now >= self.next_sample:
+            self.sample(now)
+        if self.has_horizon and now >= self.horizon:
+            return True
+        if self.shrunk:
+            self.shrunk = False
+            self.batch_full = False
+        return False
+
     def run(self):
         """The whole run; True when stopped by Ctrl-C (the `stopped` list filled by the
         caller's signal handler), the state then whole between passes."""
         cdef double now, same_t = -1.0, wake, f
         cdef long long spins = 0, passes = 0
-        cdef bint freed
         cdef Py_ssize_t j
         stopped = self.stopped
         try:
@@ -1970,20 +1991,8 @@ cdef class Core:
                     raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes "
                                        f"without time advancing ({self.w_len} waiting, "
                                        f"{self.n_run} running)")
-                self.pull(now)
-                if self.overlap:  # FreedLater.turn
-                    freed = self.fl_slots != 0 or self.fl_tokens != 0
-                    self.fl_slots, self.fl_tokens = self.fl_next_slots, self.fl_next_tokens
-                    self.fl_next_slots = self.fl_next_tokens = 0
-                    if freed:
-                        self.batch_full = False
-                if now >= self.next_sample:
-                    self.sample(now)
-                if self.has_horizon and now >= self.horizon:
+                if self.top(now):
                     break
-                if self.shrunk:
-                    self.shrunk = False
-                    self.batch_full = False
                 if self.schedule():
                     self.run_prefill()
                     if not self.placed_any and self.n_run:
@@ -2029,12 +2038,10 @@ cdef class Core:
     def fleet_pass(self, now_obj):
         """One pass of `Replica.run` at SimPy's time `now_obj`, up to where the replica
         yields: F_PREFILL / F_RUN (sleep `dur`, then `prefill_post` / `decode_post`),
-        F_CUT (a run a submit may cut: `run_ends`, `give_back`), F_IDLE (sleep until a
+        F_CUT (a run a submit may cut: `cut`), F_IDLE (sleep until a
         submit or the horizon), F_AGAIN (the next pass at once) or F_END (the run ended:
         every request inside has left)."""
         cdef double now = now_obj
-        cdef bint freed
-        cdef int got
         self.now, self.now_obj = now, now_obj
         self.now_int = type(now_obj) is int
         self.spins = self.spins + 1 if now == self.same_t else 0
@@ -2042,21 +2049,9 @@ cdef class Core:
         if self.spins > 100_000:
             raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes without time "
                                f"advancing ({self.w_len} waiting, {self.n_run} running)")
-        self.pull(now)
-        if self.overlap:  # FreedLater.turn
-            freed = self.fl_slots != 0 or self.fl_tokens != 0
-            self.fl_slots, self.fl_tokens = self.fl_next_slots, self.fl_next_tokens
-            self.fl_next_slots = self.fl_next_tokens = 0
-            if freed:
-                self.batch_full = False
-        if now >= self.next_sample:
-            self.sample(now)
-        if self.has_horizon and now >= self.horizon:
+        if self.top(now):
             self.end()
             return F_END
-        if self.shrunk:
-            self.shrunk = False
-            self.batch_full = False
         if self.schedule():
             if self.prefill_pre():
                 return F_PREFILL
