@@ -4,13 +4,18 @@ arrays; the Python replica (twin/replica.py) is its specification and runs every
 else, and wherever the module is not built or `SERVETWIN_PURE_PYTHON` is set.
 
 The coverage, checked here before anything runs (the first of docs/perf.md's plan): one
-replica fed alone, open loop or by closed-loop clients (bench_serving's warm-up too; no
-fleet, no faults), SGLang's token pool with page 1, the radix cache on or off, mixed
+replica fed alone, open loop or by closed-loop clients (bench_serving's warm-up too),
+SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
 the queue as it is (fcfs), any other of SGLang's policies (lpm, dfs-weight, hrrn, lof,
 random, shortest-prefill-first), or fcfs under SGLang's priority scheduling (with its
 preemption), the step-time memo over a model whose answers never change, no step log, no
-per-pass integrity checks. `why_not` names the first thing outside it."""
+per-pass integrity checks. `why_not` names the first thing outside it.
+
+In a fleet (docs/perf.md, fourteenth round) each SGLang replica inside `why_not_fleet`'s
+coverage gets a core at `Deployment.start` (`adopt`) that SimPy runs pass by pass
+(`life`): SimPy keeps ordering the replicas, the feeder, the health checks and the
+faults."""
 
 from __future__ import annotations
 
