@@ -216,19 +216,56 @@ def test_length_router_falls_back_to_another_pool_when_its_own_has_no_healthy_wo
                                "fallback": {"sglang": ["tpu"]}})
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.one_of(
     st.tuples(st.just("insert"), st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50)),
                                           min_size=1, max_size=4), st.integers(0, 3)),
     st.tuples(st.just("evict"), st.integers(0, 150), st.just(0))), max_size=120))
 def test_cache_aware_tree_keeps_each_tenants_leaves(ops) -> None:
-    """The approximate tree's per-tenant leaves (what an eviction starts from), kept as
-    inserts and evictions go, are the ones a walk of the tree finds."""
-    t = ApproxTree()
+    """The approximate tree's per-tenant leaves (what an eviction starts from) and its
+    eviction heaps, kept as inserts, matches and evictions go, give what tree.rs's
+    eviction gives (a heap built from a walk's leaves at each eviction): the leaves a walk
+    finds, and the same tree after every operation."""
+    import heapq
+
+    from twin.routers import id_of
+
+    def evict_by_walk(t: ApproxTree, max_tokens: int) -> None:
+        for tenant in sorted(x for x, s in t.size.items() if s > max_tokens):
+            heap = [(n.tenants[tenant], id_of(n), n) for n in t._walk_leaves_of(tenant)]
+            heapq.heapify(heap)
+            while heap and t.size[tenant] > max_tokens:
+                _, _, n = heapq.heappop(heap)
+                if tenant not in n.tenants:
+                    continue
+                del n.tenants[tenant]
+                t.size[tenant] -= n.tokens
+                parent = n.parent
+                if not n.children and not n.tenants and parent is not None:
+                    del parent.children[n.key]
+                if parent is not t.root and parent is not None and tenant in parent.tenants \
+                        and not any(tenant in c.tenants for c in parent.children.values()):
+                    heapq.heappush(heap, (parent.tenants[tenant], id_of(parent), parent))
+
+    def state(t: ApproxTree) -> list:
+        out, stack = [], [t.root]
+        while stack:
+            n = stack.pop()
+            out.append((n.path, sorted(n.tenants.items())))
+            stack.extend(n.children.values())
+        return sorted(out) + [sorted(t.size.items())]
+
+    kept, walked = ApproxTree(), ApproxTree()
     for step, (op, arg, tenant) in enumerate(ops):
+        now = float(step // 3)  # (equal access times: the path breaks the tie)
         if op == "insert":
-            t.insert(arg, tenant, float(step))
+            kept.insert(arg, tenant, now)
+            walked.insert(arg, tenant, now)
+            kept.prefix_match(arg[:1], now + 0.5)
+            walked.prefix_match(arg[:1], now + 0.5)
         else:
-            t.evict(arg, float(step))
+            kept.evict(arg, now)
+            evict_by_walk(walked, arg)
+        assert state(kept) == state(walked)
         for ten in range(4):
-            assert set(map(id, t._leaves_of(ten))) == set(map(id, t._walk_leaves_of(ten)))
+            assert set(map(id, kept._leaves_of(ten))) == set(map(id, kept._walk_leaves_of(ten)))

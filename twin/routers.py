@@ -316,8 +316,12 @@ class ApproxTree:
         self.root = _TNode(None, None)
         self.size: dict[int, int] = {}  # tokens per tenant
         # per tenant, the nodes it holds where no child holds it (what eviction starts
-        # from), kept as inserts and evictions go
+        # from), kept as inserts and evictions go, and a heap of (last access, path, node)
+        # pushed whenever one of them is touched: an entry whose node is no longer a leaf
+        # or was touched again since is stale and skipped, so the valid entries pop in
+        # the order of a heap built from the leaves at each eviction (tree.rs's)
         self.leaves: dict[int, set[_TNode]] = {}
+        self.heaps: dict[int, list] = {}
 
     def insert(self, segments, tenant: int, now: float) -> None:
         node = self.root
@@ -334,6 +338,16 @@ class ApproxTree:
         if node is not self.root and not any(tenant in c.tenants
                                              for c in node.children.values()):
             leaves.add(node)
+            self._touched(tenant, node)
+
+    def _touched(self, tenant: int, node: _TNode) -> None:
+        """Leaf `node`'s access time for `tenant` was set: its entry joins the heap (which
+        is rebuilt from the leaves when stale entries outnumber them)."""
+        heap = self.heaps.setdefault(tenant, [])
+        heapq.heappush(heap, (node.tenants[tenant], node.path, node))
+        if len(heap) > 2 * len(self.leaves[tenant]) + 64:
+            heap[:] = [(n.tenants[tenant], n.path, n) for n in self.leaves[tenant]]
+            heapq.heapify(heap)
 
     def prefix_match(self, segments, now: float) -> tuple[int, int | None]:
         node, matched = self.root, 0
@@ -349,6 +363,8 @@ class ApproxTree:
         while walk is not self.root:  # tree.rs refreshes the path for the tenant
             walk.tenants[tenant] = now
             walk = walk.parent
+        if node in self.leaves.get(tenant, ()):
+            self._touched(tenant, node)
         return matched, tenant
 
     def smallest_tenant(self) -> int | None:
@@ -361,21 +377,21 @@ class ApproxTree:
         """Per tenant over `max_tokens`: drop its least recently used leaves (nodes where
         no child holds it) until it fits (tree.rs `evict_tenant_by_size`)."""
         for tenant in sorted(t for t, s in self.size.items() if s > max_tokens):
-            heap = [(n.tenants[tenant], id_of(n), n) for n in self._leaves_of(tenant)]
-            heapq.heapify(heap)
+            heap = self.heaps.setdefault(tenant, [])
+            leaves = self.leaves.setdefault(tenant, set())
             while heap and self.size[tenant] > max_tokens:
-                _, _, n = heapq.heappop(heap)
-                if tenant not in n.tenants:
-                    continue
+                t, _, n = heapq.heappop(heap)
+                if n not in leaves or n.tenants.get(tenant) != t:
+                    continue  # stale: no longer a leaf, or touched since
                 del n.tenants[tenant]
                 self.size[tenant] -= n.tokens
-                self.leaves[tenant].discard(n)
+                leaves.discard(n)
                 parent = n.parent
                 if not n.children and not n.tenants and parent is not None:
                     del parent.children[n.key]
                 if parent is not self.root and parent is not None and tenant in parent.tenants \
                         and not any(tenant in c.tenants for c in parent.children.values()):
-                    self.leaves[tenant].add(parent)
+                    leaves.add(parent)
                     heapq.heappush(heap, (parent.tenants[tenant], id_of(parent), parent))
 
     def _leaves_of(self, tenant: int) -> list[_TNode]:
