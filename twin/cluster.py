@@ -389,7 +389,7 @@ class Deployment:
         for f in sorted(self.faults, key=lambda f: (f.at_s, f.replica, f.kind)):
             self.env.process(self._fault(f, self._worker(f.replica)))  # first: a fault at t
         for w in self.workers:  # applies to steps that start at t
-            w.loop = why_not_fleet(w.replica, self)
+            w.loop = why_not_fleet(w.replica)
             if w.loop is None:
                 adopt(w.replica, self)
             self.env.process(self._life(w))

@@ -67,8 +67,8 @@ def why_not(rep) -> str | None:
     return _outside(rep, order_kind(rep.policy))
 
 
-def why_not_fleet(rep, dep) -> str | None:
-    """None when `rep`, a replica of the fleet `dep` (twin/fleet.py `build_fleet`, started:
+def why_not_fleet(rep) -> str | None:
+    """None when `rep`, a replica of a fleet (twin/fleet.py `build_fleet`, started:
     `Deployment.start` has set how runs are cut), is inside the coverage of the typed
     core run by SimPy (`life`; crashes and restarts by `Core.crash` and `Core.restart`);
     else what is outside it."""
