@@ -5,13 +5,16 @@ then the registry's policies on the best hardware), the bar being 100 candidates
 5 minutes on this machine.
 
     python benchmarks/plan_speed.py [--requests 10000] [--jobs 2] [--skip-users]
-        [--users-slo 'ttft:p99:1.5']
+        [--users-slo 'ttft:p99:1.5'] [--base COMMIT [--rounds 1]]
 
 Part 1 runs the same 8 candidates (H100 and H200 at TP 4 and 8, 1 and 2 replicas) twice,
 `--jobs 1` and `--jobs N`, each into a fresh directory, and checks that the two plan.json
 are byte-identical (paths aside). Part 2 runs the users' plan at its default (2000
 requests per evaluation). Times are wall-clock on a shared machine: compare the two
-columns of one run, not runs of different days.
+columns of one run, not runs of different days. With `--base COMMIT`, part 2 also runs
+on that commit (a git worktree with its compiled modules built, run with PYTHONPATH on
+it), alternating with this tree `--rounds` times, and says whether the two plan.json are
+byte-identical (paths aside).
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SPACE = {"gpus": ["h100-sxm-80gb", "h200-sxm-141gb"], "tp": [4, 8], "replicas": [1, 2]}
 
 
-def plan(out: Path, args: list[str]) -> tuple[float, float, dict]:
-    """(wall s, CPU s of the plan and its workers, plan.json) of one `servetwin plan`."""
+def plan(out: Path, args: list[str], tree: Path = ROOT) -> tuple[float, float, dict]:
+    """(wall s, CPU s of the plan and its workers, plan.json) of one `servetwin plan` of
+    source tree `tree`."""
     t0 = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=str(tree))
     proc = subprocess.Popen([sys.executable, "-m", "servetwin.cli", "plan", "--out", str(out),
-                             "--quiet", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                             "--quiet", *args], cwd=tree, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
     stdout, _ = proc.communicate()
     wall = time.monotonic() - t0
     if proc.returncode:
@@ -51,6 +56,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--skip-users", action="store_true", help="skip part 2")
     ap.add_argument("--users-slo", default="ttft:p99:1.5")
+    ap.add_argument("--base", default=None,
+                    help="a previous commit: part 2 runs on it too, side by side")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --base: alternating rounds of part 2 (each side's fastest)")
     ns = ap.parse_args()
     from calibration.profiles import machine
 
@@ -79,12 +88,36 @@ def main() -> None:
     if ns.skip_users:
         return
     print(f"## part 2: the users' plan (no --space), default requests, --slo {ns.users_slo}")
-    out = tmp / "users"
-    wall, cpu, p = plan(out, ["--jobs", str(ns.jobs), "--slo", ns.users_slo])
-    n = len(p["candidates"])
-    print(f"{n} candidates ({p['counts']}) in {wall:.1f} s wall ({wall / n * 100 / 60:.2f} min "
-          f"per 100 candidates), {cpu:.1f} CPU-s in the searches; winner {p['winner']}, "
-          f"closest {p['closest']}")
+    args = ["--jobs", str(ns.jobs), "--slo", ns.users_slo]
+    if ns.base is None:
+        out = tmp / "users"
+        wall, cpu, p = plan(out, args)
+        n = len(p["candidates"])
+        print(f"{n} candidates ({p['counts']}) in {wall:.1f} s wall ({wall / n * 100 / 60:.2f} "
+              f"min per 100 candidates), {cpu:.1f} CPU-s in the searches; winner "
+              f"{p['winner']}, closest {p['closest']}")
+        return
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sim_speed import base_tree, drop_tree
+
+    base = base_tree(ns.base, "plan-speed-base")
+    try:
+        best: dict[str, tuple[float, float, str]] = {}
+        for r in range(ns.rounds):
+            for label, tree in (("current", ROOT), (ns.base, base)):
+                out = tmp / f"users-{r}-{label}"
+                wall, cpu, p = plan(out, args, tree)
+                text = (out / "plan.json").read_text().replace(str(out), "DIR")
+                if label not in best or wall < best[label][0]:
+                    best[label] = (wall, cpu, text)
+                print(f"round {r + 1}, {label}: {len(p['candidates'])} candidates "
+                      f"({p['counts']}) in {wall:.1f} s wall, {cpu:.1f} CPU-s in the searches")
+        (w1, c1, t1), (w0, c0, t0) = best["current"], best[ns.base]
+        print(f"current {w1:.1f} s wall / {c1:.1f} CPU-s; {ns.base} {w0:.1f} s / {c0:.1f} "
+              f"CPU-s; {w0 / w1:.2f}x wall, {c0 / c1:.2f}x CPU; plan.json byte-identical: "
+              f"{t1 == t0}")
+    finally:
+        drop_tree(base)
 
 
 if __name__ == "__main__":
