@@ -228,11 +228,27 @@ def test_cache_aware_tree_keeps_each_tenants_leaves(ops) -> None:
     finds, and the same tree after every operation."""
     import heapq
 
-    from twin.routers import id_of
+    def id_of(n) -> tuple:  # the path of segment keys from the root, walked up
+        path = []
+        while n.parent is not None:
+            path.append(n.key)
+            n = n.parent
+        return tuple(reversed(path))
+
+    def walk_leaves_of(t: ApproxTree, tenant: int) -> list:
+        out, stack = [], [t.root]
+        while stack:
+            n = stack.pop()
+            kids = list(n.children.values())
+            stack.extend(kids)
+            if n is not t.root and tenant in n.tenants and not any(
+                    tenant in c.tenants for c in kids):
+                out.append(n)
+        return out
 
     def evict_by_walk(t: ApproxTree, max_tokens: int) -> None:
         for tenant in sorted(x for x, s in t.size.items() if s > max_tokens):
-            heap = [(n.tenants[tenant], id_of(n), n) for n in t._walk_leaves_of(tenant)]
+            heap = [(n.tenants[tenant], id_of(n), n) for n in walk_leaves_of(t, tenant)]
             heapq.heapify(heap)
             while heap and t.size[tenant] > max_tokens:
                 _, _, n = heapq.heappop(heap)
@@ -268,4 +284,4 @@ def test_cache_aware_tree_keeps_each_tenants_leaves(ops) -> None:
             evict_by_walk(walked, arg)
         assert state(kept) == state(walked)
         for ten in range(4):
-            assert set(map(id, kept._leaves_of(ten))) == set(map(id, kept._walk_leaves_of(ten)))
+            assert set(map(id, kept.leaves.get(ten, ()))) == set(map(id, walk_leaves_of(kept, ten)))

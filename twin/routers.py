@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -305,7 +306,8 @@ class _TNode:
         self.tokens = key[1] if key else 0
         self.children: dict = {}
         self.tenants: dict[int, float] = {}  # worker -> last access
-        # the segment keys from the root down to here (`id_of`), fixed at creation
+        # the segment keys from the root down to here, fixed at creation: the eviction
+        # order's tie-break between equal access times
         self.path: tuple = () if parent is None else (*parent.path, key)
 
 
@@ -322,6 +324,9 @@ class ApproxTree:
         # the order of a heap built from the leaves at each eviction (tree.rs's)
         self.leaves: dict[int, set[_TNode]] = {}
         self.heaps: dict[int, list] = {}
+        # each entry's push number, after (access, path): a stale entry may share both with
+        # a node re-created on the same path, and nodes do not compare
+        self._pushes = itertools.count()
 
     def insert(self, segments, tenant: int, now: float) -> None:
         node = self.root
@@ -344,9 +349,10 @@ class ApproxTree:
         """Leaf `node`'s access time for `tenant` was set: its entry joins the heap (which
         is rebuilt from the leaves when stale entries outnumber them)."""
         heap = self.heaps.setdefault(tenant, [])
-        heapq.heappush(heap, (node.tenants[tenant], node.path, node))
+        heapq.heappush(heap, (node.tenants[tenant], node.path, next(self._pushes), node))
         if len(heap) > 2 * len(self.leaves[tenant]) + 64:
-            heap[:] = [(n.tenants[tenant], n.path, n) for n in self.leaves[tenant]]
+            heap[:] = [(n.tenants[tenant], n.path, next(self._pushes), n)
+                       for n in self.leaves[tenant]]
             heapq.heapify(heap)
 
     def prefix_match(self, segments, now: float) -> tuple[int, int | None]:
@@ -380,7 +386,7 @@ class ApproxTree:
             heap = self.heaps.setdefault(tenant, [])
             leaves = self.leaves.setdefault(tenant, set())
             while heap and self.size[tenant] > max_tokens:
-                t, _, n = heapq.heappop(heap)
+                t, _, _, n = heapq.heappop(heap)
                 if n not in leaves or n.tenants.get(tenant) != t:
                     continue  # stale: no longer a leaf, or touched since
                 del n.tenants[tenant]
@@ -392,33 +398,8 @@ class ApproxTree:
                 if parent is not self.root and parent is not None and tenant in parent.tenants \
                         and not any(tenant in c.tenants for c in parent.children.values()):
                     leaves.add(parent)
-                    heapq.heappush(heap, (parent.tenants[tenant], id_of(parent), parent))
-
-    def _leaves_of(self, tenant: int) -> list[_TNode]:
-        """The nodes `tenant` holds where no child holds it (`leaves`, kept as the tree
-        changes; their order does not matter: each has its own (access, path) key)."""
-        return list(self.leaves.get(tenant, ()))
-
-    def _walk_leaves_of(self, tenant: int) -> list[_TNode]:
-        """`_leaves_of` found by a walk (tests check the kept sets against it). Only the
-        tenant's own nodes are walked: a node holds a tenant only below nodes that hold it
-        (`insert` marks the whole path; `evict` takes a node's tenant only when no child
-        holds it)."""
-        out = []
-        stack = [c for c in self.root.children.values() if tenant in c.tenants]
-        while stack:
-            n = stack.pop()
-            kids = [c for c in n.children.values() if tenant in c.tenants]
-            if kids:
-                stack.extend(kids)
-            else:
-                out.append(n)
-        return out
-
-
-def id_of(n: _TNode) -> tuple:
-    """A deterministic tie-break for nodes: the path of segment keys from the root."""
-    return n.path
+                    heapq.heappush(heap, (parent.tenants[tenant], parent.path,
+                                          next(self._pushes), parent))
 
 
 @register_router("length")
