@@ -423,6 +423,7 @@ cdef class Core:
     # lpm: the order question each pass, and each request's `head` (its first 32
     # tokens' key, twin/views.py `head_key`; head_ok 0: None)
     cdef int order_kind
+    cdef bint heads  # the order reads each request's head (lpm, spf, hrrn)
     cdef long long[::1] head_h, wtmp
     cdef signed char[::1] head_ok, wdef
     cdef dict rid_rank  # hrrn's tie-break: each rid's place in sorted order
@@ -552,7 +553,8 @@ cdef class Core:
         # per-request columns only the orders that read them get at full length (a day
         # of a million requests would otherwise carry tens of MB of them for nothing)
         cdef Py_ssize_t n_hrrn = n if order_kind == ORDER_HRRN else 1
-        cdef Py_ssize_t n_head = n if order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN) else 1
+        self.heads = order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN)
+        cdef Py_ssize_t n_head = n if self.heads else 1
         self.rank = np.zeros(n_hrrn, dtype=np.int64)
         self.hkey = np.zeros(n_hrrn)
         if order_kind == ORDER_HRRN and fed:
@@ -611,7 +613,7 @@ cdef class Core:
         self.round_start = more(self.round_start, NAN)
         self.prefix, self.cached = more(self.prefix, 0), more(self.cached, 0)
         self.prio, self.preemptions_ = more(self.prio, 0), more(self.preemptions_, 0)
-        if self.order_kind in (ORDER_LPM, ORDER_SPF, ORDER_HRRN):
+        if self.heads:
             self.head_h, self.head_ok = more(self.head_h, 0), more(self.head_ok, 0)
         if self.order_kind == ORDER_HRRN:
             self.rank, self.hkey = more(self.rank, 0), more(self.hkey, 0.0)
@@ -960,8 +962,7 @@ cdef class Core:
                 self.max_new[i] = room
             if self.order_kind == ORDER_HRRN:
                 self.rank[i] = self.rid_rank[req.rid]
-            if (self.order_kind == ORDER_LPM or self.order_kind == ORDER_SPF
-                    or self.order_kind == ORDER_HRRN):
+            if self.heads:
                 h = head_key(req.segments)
                 if h is not None:
                     self.head_h[i] = h
@@ -1226,14 +1227,21 @@ cdef class Core:
             return self.w_len > MATCH_MAX_QUEUE
         return True
 
+    cdef int match_waiting(self) except -1:
+        """Every waiting request matched against the radix cache, in queue order (the
+        cache-aware orders read the matches; nothing without the cache)."""
+        cdef Py_ssize_t j
+        if self.has_tree:
+            for j in range(self.w_len):
+                self.match(self.w_at(j))
+        return 0
+
     cdef int order_dfs(self) except -1:
         """SGLang's dfs-weight: every waiting request matched in queue order, then the
         policy's own sort (twin/policy/sglang.py `DFSWeight.sort`, which reads only each
         request's radix path) over their paths."""
         cdef Py_ssize_t m = self.w_len, j
-        if self.has_tree:
-            for j in range(m):
-                self.match(self.w_at(j))
+        self.match_waiting()
         if m < 2:
             return 0
         views = [SimpleNamespace(prefix_path=prefix_path(self.matched[self.w_at(j)]))
@@ -1417,10 +1425,8 @@ cdef class Core:
         """`_order_waiting` under SGLang's shortest-prefill-first (twin/policy/sglang.py
         `ShortestPrefillFirst`): every waiting request matched in queue order, then sorted,
         stably, by (deferred, uncached fill tokens at least 1, queue entry)."""
-        cdef Py_ssize_t m = self.w_len, j
-        if self.has_tree:
-            for j in range(m):
-                self.match(self.w_at(j))
+        cdef Py_ssize_t m = self.w_len
+        self.match_waiting()
         if m < 2:
             return 0
         self.mark_deferred(m)
@@ -1465,12 +1471,10 @@ cdef class Core:
         prefix first, the requests whose short match (at most 32 tokens) shares its first
         32 tokens with an earlier such request last (`in_batch_deferred`); above 128 the
         queue stays as it is (fcfs)."""
-        cdef Py_ssize_t m = self.w_len, j
+        cdef Py_ssize_t m = self.w_len
         if m > MATCH_MAX_QUEUE:
             return 0
-        if self.has_tree:
-            for j in range(m):
-                self.match(self.w_at(j))
+        self.match_waiting()
         if m < 2:
             return 0
         self.mark_deferred(m)
@@ -1756,7 +1760,7 @@ cdef class Core:
         """`_run_decode` up to its run's sleep: RAN (`dur` long; `post_done`: the request
         with the fewest tokens left has them all), RAN_CUT (a fleet's run a submit may cut)
         or RETRACTED (no run: the next pass at once)."""
-        cdef bint cut
+        cdef bint cut, arrivals
         cdef Py_ssize_t b = self.n_run, j, n, kk
         cdef long long i, fewest = 0, left, kv0 = 0, k, k_mem, room
         cdef double now = self.now, limit, t, dur, end_k
@@ -1777,10 +1781,11 @@ cdef class Core:
         k = k_mem if k_mem > 1 else 1
         if fewest < k:
             k = fewest
-        # CutRuns._may_cut: a fleet's run ignores arrivals, a submit cuts it
-        cut = (self.fed and self.cuts and (not self.batch_full or self.preempt)
-               and b * k <= self.capacity - self.used)
-        # _next_boundary(arrivals=True)
+        # arrivals end the run (`_next_boundary`) unless the batch is full; in a fleet a
+        # run may ignore them instead, and a submit cuts it (CutRuns._may_cut)
+        arrivals = not self.batch_full or self.preempt
+        cut = self.fed and self.cuts and arrivals and b * k <= self.capacity - self.used
+        # _next_boundary
         limit = self.next_sample
         if self.has_horizon and self.horizon < limit:
             limit = self.horizon
@@ -1789,15 +1794,14 @@ cdef class Core:
             limit = now
         if self.overlap and self.in_lo < self.in_hi and now < limit:
             limit = now
-        if not self.fed:
-            x = self.next_at()
-        elif cut or not (not self.batch_full or self.preempt):
-            x = INFINITY
-        else:
-            nxt = self.feed.next_arrival()
-            x = INFINITY if nxt is None else nxt
-        if (not self.batch_full or self.preempt) and x < limit:
-            limit = x
+        if arrivals and not cut:
+            if self.fed:
+                nxt = self.feed.next_arrival()
+                x = INFINITY if nxt is None else nxt
+            else:
+                x = self.next_at()
+            if x < limit:
+                limit = x
         tp = NULL
         if <double>(kv0 + b * (k - 1)) / <double>b <= self.quiet:
             # StepTimeCache.run inline where the run lies in one memo block

@@ -498,7 +498,7 @@ class Deployment:
         """After `env.run()`: what never ended (a retry pending at the horizon, requests
         no replica drained) ends `aborted`."""
         for w in self.workers:  # a run stopped early: the typed core's state, as it stands
-            if w.loop is None and getattr(w.replica, "_core", None) is not None:
+            if w.loop is None:
                 w.replica._core.settle()
         for sent, req in self._drain():
             t = Ticket(self._seq, req, sent)

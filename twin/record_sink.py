@@ -312,11 +312,9 @@ class _Gatherer:
                 self.map.close()
 
     def add_span(self, pos: int, stop: int) -> None:
-        self.buf += self.view[pos:stop]
-        if len(self.buf) >= _COPY_BLOCK:
-            self.drain()
+        self.add(self.view[pos:stop])
 
-    def add(self, data: bytes) -> None:
+    def add(self, data) -> None:
         self.buf += data
         if len(self.buf) >= _COPY_BLOCK:
             self.drain()

@@ -178,9 +178,7 @@ class RecordTable(Sequence):
                 yield self._record(i)
             return
         plan, times = self._plan(), self._times()
-        if self._gap_floats is None:
-            self._gap_floats = (plan.step_gaps.tolist(), plan.own_gaps.tolist())
-        sg, og = self._gap_floats
+        sg, og = self._gap_lists()
         for i in range(0, len(self._reqs), BLOCK):  # compiled, a block of dicts at a time
             yield from _C.records(self._reqs, plan.first, plan.start, plan.length,
                                   plan.n_out, times, sg, og, i,
@@ -190,9 +188,7 @@ class RecordTable(Sequence):
         """`records_one_by_one([request i], step_end)[0]`, from the table's columns: the gaps
         are the timeline's differences (the same subtractions, rounded alike)."""
         plan = self._plan()
-        if self._gap_floats is None:
-            self._gap_floats = (plan.step_gaps.tolist(), plan.own_gaps.tolist())
-        sg, og = self._gap_floats
+        sg, og = self._gap_lists()
         r = self._reqs[i]
         itl: list[float] = []
         a, b = int(plan.first[i]), int(plan.first[i + 1])
@@ -209,6 +205,13 @@ class RecordTable(Sequence):
                 "preemptions": r.preemptions, "status": r.status, "error": r.error,
                 "lost_s": lost, "kv_moved_bytes": round(r.moved_bytes),
                 **({} if r.ignore_eos else {"ignore_eos": False})}
+
+    def _gap_lists(self) -> tuple[list, list]:
+        """The step gaps and the boundary gaps as Python floats (the dicts' values)."""
+        if self._gap_floats is None:
+            plan = self._plan()
+            self._gap_floats = (plan.step_gaps.tolist(), plan.own_gaps.tolist())
+        return self._gap_floats
 
     # ---- token gaps --------------------------------------------------------------------
     def _plan(self) -> Plan:
