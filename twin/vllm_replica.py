@@ -487,14 +487,6 @@ class VllmReplica(Inbox):
         self._upto[r.index] = full
         keys = self._prompt_keys(r)
         hashed, refs, n_keys = self.hashed, self.refs, len(keys)
-        if full <= n_keys:  # prompt blocks only: as one batch when each is a fresh block
-            new = keys[first:full]  # whose key no block holds yet (the usual case)
-            if (hashed.isdisjoint(new) and len(set(new)) == len(new)
-                    and all(type(x) is tuple and x[0] == "p" for x in held[first:full])):
-                hashed.update(new)
-                refs.update(dict.fromkeys(new, 1))
-                held[first:full] = new
-                return
         for b in range(first, full):
             block = held[b]
             if type(block) is not tuple or block[0] != "p":
