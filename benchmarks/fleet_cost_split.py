@@ -10,8 +10,8 @@ round): the figures behind the round's "what is left" paragraphs.
    the collector on and off; and the cyclic garbage a fleet's run leaves (`gc.collect()`
    with the collector off and the deployment still alive), for the typed core and for
    `SERVETWIN_PYTHON_LOOP=1` (a child process each).
-3. The environment (`servetwin/Scheduling-v0`, preset finance-qa, random actions, 4
-   episodes) under cProfile: the cumulative CPU of the policy's snapshots, of the
+3. The environment (benchmarks/startup_speed.py's run: `servetwin/Scheduling-v0`,
+   preset finance-qa, random actions, 4 episodes) under cProfile: the cumulative CPU of the policy's snapshots, of the
    observation features and of the replica's whole loop (which includes the snapshots).
 
     python benchmarks/fleet_cost_split.py [--replicas 16] [--parts fleet gc env]
@@ -128,26 +128,19 @@ def gc_parts() -> None:
 
 
 def env_parts() -> None:
+    import contextlib
     import cProfile
+    import io
     import pstats
 
-    import numpy as np
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from startup_speed import ENV_CODE  # the environment's speed run, profiled
 
-    from experiments.rl.config import preset
-    from experiments.rl.env import SchedulingEnv
-
-    env = SchedulingEnv(preset("finance-qa"))
-    rng = np.random.default_rng(0)
     prof = cProfile.Profile()
-    steps = 0
-    prof.enable()
-    for ep in range(4):
-        env.reset(seed=2_010_000 + ep)
-        done = False
-        while not done:
-            _, _, done, _, _ = env.step(int(rng.integers(env.action_space.n)))
-            steps += 1
-    prof.disable()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        prof.runctx(ENV_CODE, {}, {})
+    steps = json.loads(out.getvalue().strip().splitlines()[-1])["n"]
     stats = pstats.Stats(prof).stats
     wanted = {("replica.py", "snapshot"): "the policy's snapshots (views of the queue)",
               ("features.py", "pass_features"): "the observation features",
