@@ -99,9 +99,72 @@ def test_only_a_chunk_of_finished_requests_is_alive(tmp_path: Path) -> None:
     assert max(kept) > 100  # the in-memory path holds them all: the check can fail
 
 
+IN_ORDER = "arrival=poisson,rate=2,n=90,prompt=fixed:300,output=fixed:12"  # FCFS leaves in order
+
+
+def test_a_spill_in_order_becomes_the_file(tmp_path: Path, monkeypatch) -> None:
+    """Requests that leave in the records' order: the spill is linked into place, nothing
+    copied (the merge's copies fail here), the same bytes, nothing else left behind."""
+    import twin.record_sink as rs
+
+    w = from_spec(IN_ORDER, seed=3)
+    mem = simulate(w, CFG)
+
+    def no_copy(*a, **k):
+        raise AssertionError("the spill was copied")
+
+    monkeypatch.setattr(rs, "_copy_span", no_copy)
+    monkeypatch.setattr(rs._Gatherer, "__init__", no_copy)
+    res = simulate(w, CFG, out=tmp_path, record_chunk=7)
+    assert (tmp_path / "requests.jsonl").read_text() == "".join(
+        line + "\n" for line in _lines(mem))
+    assert res.summary == mem.summary
+    assert os.listdir(tmp_path) == ["requests.jsonl"]
+    assert oct(os.stat(tmp_path / "requests.jsonl").st_mode & 0o777) == "0o600"  # as mkstemp's
+
+
+def test_out_of_order_chunks_and_an_unlinkable_spill_are_merged(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Requests leaving far out of order (a chunk holds back at most half of itself: then
+    it spills all), and a system without O_TMPFILE (the spill cannot be given a name):
+    merged, the same bytes."""
+    w = from_spec(SPEC, seed=2)
+    want = "".join(line + "\n" for line in _lines(simulate(w, CFG)))
+    simulate(w, CFG, out=tmp_path, record_chunk=3)
+    assert (tmp_path / "requests.jsonl").read_text() == want
+    import tempfile
+
+    import twin.record_sink as rs
+
+    monkeypatch.setattr(rs, "_unnamed_file", lambda where: tempfile.TemporaryFile(dir=where))
+    simulate(from_spec(IN_ORDER, seed=3), CFG, out=tmp_path, record_chunk=7)
+    simulate(w, CFG, out=tmp_path, record_chunk=7)
+    assert (tmp_path / "requests.jsonl").read_text() == want
+    assert os.listdir(tmp_path) == ["requests.jsonl"]
+
+
+def test_interrupted_publish_leaves_the_old_file(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C as the spill is renamed into place: the old requests.jsonl stays whole, the
+    spill's temporary name is gone."""
+    old = tmp_path / "requests.jsonl"
+    old.write_text('{"old": true}\n')
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(from_spec(IN_ORDER, seed=3), CFG, out=tmp_path, record_chunk=7)
+    assert old.read_text() == '{"old": true}\n'
+    assert os.listdir(tmp_path) == ["requests.jsonl"]
+
+
 def test_interrupted_merge_leaves_the_old_file(tmp_path: Path, monkeypatch) -> None:
     """Ctrl-C while the chunks are merged: the old requests.jsonl stays whole, nothing else
     is left in the directory."""
+    import twin.record_sink as rs
+
+    monkeypatch.setattr(rs, "_publish", lambda fd, path: False)  # (the merge, always)
     old = tmp_path / "requests.jsonl"
     old.write_text('{"old": true}\n')
     calls = []
@@ -130,6 +193,10 @@ def test_the_merge_without_in_kernel_copies_writes_the_same_bytes(tmp_path: Path
     """A file system without `copy_file_range` (it raises, or copies nothing), or a
     platform without it: the merge copies through Python, the same bytes."""
     import errno
+
+    import twin.record_sink as rs
+
+    monkeypatch.setattr(rs, "_publish", lambda fd, path: False)  # (the merge, always)
 
     want = tmp_path / "want"
     want.mkdir()

@@ -57,3 +57,36 @@ def test_a_single_gap_and_ties():
                                               "mean": 0.25}
     starts, lens = [0, 1, 1, 2], [4, 3, 1, 2]
     assert rt.itl_stats(values, starts, lens) == _pcts(rt._gather(values, starts, lens))
+
+
+def test_gaps_weighed_in_groups_give_the_same_statistics():
+    """The streamed summary weighs each chunk's gaps as it is kept (`weighed_gaps`) and
+    adds the groups up by value (`add_weighed`): the statistics of all of them, bit for
+    bit; a NaN or -0.0 gap refuses (the sink then weighs the whole array)."""
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        parts, joined, starts, lens = [], [], [], []
+        base = 0
+        for _g in range(int(rng.integers(1, 5))):
+            values, s, n = _layout(rng, int(rng.integers(1, 500)), int(rng.integers(0, 60)), 40)
+            own = np.round(rng.exponential(0.05, int(rng.integers(0, 20))), 4)
+            part = rt.weighed_gaps(values, None, np.asarray(s, dtype=np.int64),
+                                   np.asarray(n, dtype=np.int64), own)
+            parts.append(part)
+            joined += [values, own]
+            starts += [base + x for x in s]
+            lens += n
+            starts += list(range(base + len(values), base + len(values) + len(own)))
+            lens += [1] * len(own)
+            base += len(values) + len(own)
+        if not sum(lens):
+            continue
+        values = np.concatenate(joined)
+        want = _pcts(rt._gather(values, starts, lens), scratch=True)
+        assert rt.itl_stats(values, starts, lens, weighed=rt.add_weighed(parts)) == want
+    v = np.array([0.5, -0.0, 0.25])
+    assert rt.weighed_gaps(v, None, np.array([0]), np.array([3]), np.empty(0)) is None
+    assert rt.weighed_gaps(v[:1], None, np.array([0]), np.array([1]),
+                           np.array([np.nan])) is None
+    with pytest.raises(RuntimeError, match="weighed gaps"):  # counts that do not add up
+        rt.itl_stats(np.array([0.5, 0.25]), [0], [2], weighed=(np.array([0.5]), np.ones(1)))

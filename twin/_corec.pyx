@@ -386,7 +386,6 @@ cdef class Core:
     cdef Py_ssize_t tl_fill, scratch_cap
     cdef double* scratch
     cdef long long sink_chunk
-    cdef bint sink_skips  # the sink leaves out bench_serving's warm-ups: count its buffer
     cdef object horizon_obj, stopped
     cdef dict prefill_memo, blocks  # the step-time memo's (twin/perf/step_cache.py)
     cdef double quiet
@@ -481,9 +480,8 @@ cdef class Core:
             raise RuntimeError("the typed core starts a replica whose timeline is empty")
         self.tl_new()
         self.sink_chunk = 0  # a list: read at the end only
-        if type(rep.finished) is RecordSink:  # it flushes every `chunk` appends
-            self.sink_chunk = rep.finished.chunk if not rep.finished._buf else 1
-            self.sink_skips = rep.finished.skip_prefix is not None
+        if type(rep.finished) is RecordSink:  # it flushes when its `_buf` fills
+            self.sink_chunk = rep.finished.chunk
         self.prefill_memo = rep._cache._prefill
         self.blocks = rep._cache._blocks
         self.quiet = rep._cache.quiet
@@ -705,10 +703,8 @@ cdef class Core:
     cdef int emit(self, r) except -1:
         """A leaving request to the replica's `finished`, whose RecordSink reads the
         timeline when this append fills its chunk."""
-        if self.sink_chunk and (len(self.finished._buf) + 1 >= self.sink_chunk
-                                if self.sink_skips else
-                                (self.n_left + 1) % self.sink_chunk == 0):
-            self.tl_sync()
+        if self.sink_chunk and len(self.finished._buf) + 1 >= self.sink_chunk:
+            self.tl_sync()  # (a chunk holds back requests: twin/record_sink.py)
         self.finished.append(r)
         self.n_left += 1
         return 0

@@ -13,13 +13,21 @@ index, then the order they left: exactly `RecordTable`'s stable sort) into the o
 written atomically (a temporary file renamed over `requests.jsonl` only when whole), and
 the summary is computed from the columns in that order: byte for byte what the in-memory
 path writes (tests/test_record_stream.py). A run that never filled a chunk takes the
-in-memory path itself. A step's end is fixed once a request that used it has left (a
+in-memory path itself.
+
+Requests mostly leave in the records' order, so a chunk spills only the requests whose
+place is already fixed: those sorted first whose replica indexes continue the ones spilled
+before (`RecordSink.flush(hold=True)`); the others wait for the next chunk (at most half a
+chunk of them: more, and the whole chunk spills as it is). When the spill ends up in the
+records' order, it becomes `requests.jsonl` itself (linked into the directory and renamed
+over it, `_publish`): no copy. Otherwise the merge copies it. A step's end is fixed once a request that used it has left (a
 decode run's planned steps are appended before it runs, and a cut or a crash only drops
 steps that end after now), so a chunk's lines never change afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +36,15 @@ from pathlib import Path
 import numpy as np
 
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
-from twin.record_table import RecordTable, itl_stats, record_order, row_pieces, step_range
+from twin.record_table import (
+    RecordTable,
+    add_weighed,
+    itl_stats,
+    record_order,
+    row_pieces,
+    step_range,
+    weighed_gaps,
+)
 
 CHUNK = 32768  # finished requests held before a spill (~80 MB of SimRequests)
 _FLOATS = ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "lost_s")  # rounded; NaN: null
@@ -56,11 +72,20 @@ class RecordSink:
         self.skipped = 0  # appended with `skip_prefix`: no record
         self._n = 0
         self._buf: list = []
+        self._buf_seq: list[int] = []  # each held request's place in the order they left
+        self._left = 0  # requests appended with a record
+        self._expect = 0  # the replica index the next spilled record should have
+        self._gone: set[int] = set()  # indexes past `_expect` that get no record (skipped)
+        self._ordered = True  # still holding back: the spill may end up in order
         self._cols: dict[str, list[np.ndarray]] = {}
         self._rids: list[str] = []
         self._runs: list[tuple[int, np.ndarray]] = []  # (first row, line end offsets)
         self._rows = 0
         self._own: list[np.ndarray] = []  # boundary gaps (RecordTable's own gaps), all chunks
+        # the `ok` rows' distinct token gaps and their counts, a part per chunk (None: a
+        # gap that cannot be added up by value, NaN or -0.0: the summary weighs them all)
+        # by replica (a fleet's summaries of a pool or a replica take theirs)
+        self._weighed: dict[int, list[tuple[np.ndarray, np.ndarray]]] | None = {}
         self._n_own = 0
         self._spill = None
 
@@ -69,10 +94,16 @@ class RecordSink:
         self._n += 1
         if self.skip_prefix and req.rid.startswith(self.skip_prefix):
             self.skipped += 1
+            if req.index == self._expect:
+                self._expect += 1
+            elif req.index > self._expect:
+                self._gone.add(req.index)
             return
         self._buf.append(req)
+        self._buf_seq.append(self._left)
+        self._left += 1
         if len(self._buf) >= self.chunk:
-            self.flush()
+            self.flush(hold=self._ordered)
 
     def __len__(self) -> int:
         return self._n
@@ -82,19 +113,49 @@ class RecordSink:
         return bool(self._runs)
 
     # ---- chunks ------------------------------------------------------------------------
-    def flush(self, group: int = 0) -> None:
-        """Format the held requests' records, spill their lines, keep their columns."""
-        buf, self._buf = self._buf, []
+    def flush(self, group: int = 0, hold: bool = False) -> None:
+        """Format the held requests' records, spill their lines, keep their columns;
+        `hold`: only those whose place in the records is fixed (module docstring)."""
+        buf, seqs = self._buf, self._buf_seq
+        self._buf, self._buf_seq = [], []
         if not buf:
             return
-        seq0 = self._rows
         order = record_order(buf)
+        if hold:
+            k = self._in_place(buf, order)
+            if len(order) - k > self.chunk // 2:  # not leaving in order: spill them all
+                self._ordered = False
+            else:
+                rest = sorted(order[k:])
+                self._buf = [buf[i] for i in rest]
+                self._buf_seq = [seqs[i] for i in rest]
+                order = order[:k]
+                if not order:
+                    return
+        elif self._ordered:
+            self._in_place(buf, order)
         reqs = [buf[i] for i in order]
+        seq = np.array(seqs, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
         table = self._table(reqs, 0)
-        self._keep_columns(table, reqs, np.asarray(order, dtype=np.int64) + seq0, group)
+        self._keep_columns(table, reqs, seq, group)
         if self.path is not None:
             self._spill_lines(table.blocks())
         self._rows += len(reqs)
+
+    def _in_place(self, buf: list, order: list[int]) -> int:
+        """How many of `buf`, sorted by `order`, continue the replica indexes spilled so
+        far (advancing `_expect` past them)."""
+        e, gone, k = self._expect, self._gone, 0
+        for i in order:
+            while e in gone:
+                gone.discard(e)
+                e += 1
+            if buf[i].index != e:
+                break
+            e += 1
+            k += 1
+        self._expect = e
+        return k
 
     def _table(self, reqs: list, worker: int) -> RecordTable:
         """The records of `reqs` (sorted) over the window of replica `worker`'s timeline
@@ -144,12 +205,21 @@ class RecordSink:
         own_gaps = plan.own_gaps
         self._own.append(own_gaps)
         self._n_own += len(own_gaps)
+        if self._weighed is not None:  # the summary's ITL counts, this chunk's share
+            steps = ~own
+            part = weighed_gaps(plan.step_gaps,
+                                table._step_unique() if self.path is not None else None,
+                                start[steps], plan.length[at][steps], own_gaps[-1 - start[own]])
+            if part is None:
+                self._weighed = None
+            else:
+                self._weighed.setdefault(worker, []).append(part)
 
     def _spill_lines(self, blocks: Iterator[tuple[bytes, np.ndarray]]) -> None:
         """Append lines to the spill, a block at a time (`RecordTable.blocks`), and note
         where each begins."""
         if self._spill is None:  # unnamed (O_TMPFILE where there is one): never left behind
-            self._spill = tempfile.TemporaryFile(dir=self.path.parent, prefix=".spill-")
+            self._spill = _unnamed_file(self.path.parent)
         start = self._spill.tell()
         sizes: list[np.ndarray] = []
         for data, lens in blocks:
@@ -180,6 +250,8 @@ class RecordSink:
         self.flush()
         for r in left:
             self._buf.append(r)
+            self._buf_seq.append(self._left)
+            self._left += 1
             if len(self._buf) >= self.chunk:
                 self.flush(group=1)
         self.flush(group=1)
@@ -217,6 +289,8 @@ class RecordSink:
 
         self._spill.flush()
         fd = self._spill.fileno()
+        if fix is None and _in_order(perm) and _publish(fd, self.path):
+            return
         firsts = np.array([r for r, _ in self._runs], dtype=np.int64)
         run = np.searchsorted(firsts, perm, side="right") - 1
         local = perm - firsts[run]
@@ -277,8 +351,72 @@ class RecordSink:
         joined[base:] = own
         own_piece = owner < 0
         starts[own_piece] = base - 1 - starts[own_piece]
-        # (itl_stats weighs the distinct gaps chunk by chunk: no sort of the whole array)
-        return itl_stats(joined, starts, lens)
+        # (the chunks weighed their distinct gaps as they were kept; failing that,
+        # itl_stats weighs them chunk by chunk: no sort of the whole array)
+        return itl_stats(joined, starts, lens, weighed=self._weighed_of(perm, c))
+
+    def _weighed_of(self, perm: np.ndarray, c: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        """The weighed gaps of the rows `perm` where those are every row of the replicas
+        they ran on (else None: `itl_stats` weighs them itself)."""
+        if self._weighed is None:
+            return None
+        workers = c["worker"]
+        mine = np.unique(workers[perm])
+        if len(perm) != len(workers) and \
+                len(perm) != int(np.isin(workers, mine).sum()):
+            return None
+        return add_weighed([part for w in mine.tolist() for part in self._weighed.get(w, ())])
+
+
+def _unnamed_file(where: Path):
+    """A read-write file in directory `where` with no name (O_TMPFILE, which `_publish`
+    can give a name; tempfile's own sets O_EXCL, which forbids that), or tempfile's
+    where the system has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if flag:
+        try:
+            fd = os.open(where, flag | os.O_RDWR, 0o600)
+        except OSError:
+            pass
+        else:
+            return os.fdopen(fd, "w+b")
+    return tempfile.TemporaryFile(dir=where, prefix=".spill-")
+
+
+def _in_order(perm: np.ndarray) -> bool:
+    return bool(len(perm)) and bool((perm == np.arange(len(perm))).all())
+
+
+def _publish(fd: int, path: Path) -> bool:
+    """Give the unnamed file `fd` the name `path` (synced, linked beside it under a
+    temporary name, renamed over it, as `atomic_writer` does); False where the system
+    cannot (no /proc, a file that had a name), and nothing is changed then."""
+    link = f"/proc/self/fd/{fd}"
+    try:
+        os.fsync(fd)
+        where = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return False
+    try:
+        for _ in range(8):
+            tmp = f".{path.name}.{os.urandom(6).hex()}.tmp"
+            try:  # (a dir fd makes os.link call linkat, which can follow the link to the
+                # file itself; link(2) would link /proc's symbolic link and fail)
+                os.link(link, tmp, dst_dir_fd=where, follow_symlinks=True)
+            except FileExistsError:
+                continue
+            except (OSError, NotImplementedError):
+                return False
+            try:
+                os.replace(tmp, path.name, src_dir_fd=where, dst_dir_fd=where)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=where)
+                raise
+            return True
+        return False
+    finally:
+        os.close(where)
 
 
 _SHORT_SPAN = 256 << 10  # spans shorter than this are gathered here, not copied one by one

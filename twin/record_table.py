@@ -488,12 +488,50 @@ def _weighted_counts(values: np.ndarray, cover: _Cover, offset: int = 0,
     return u, np.bincount(inv, weights=np.concatenate(ws), minlength=len(u))
 
 
+def weighed_gaps(values: np.ndarray, uniq_inv: tuple[np.ndarray, np.ndarray] | None,
+                 starts: np.ndarray, lens: np.ndarray, own: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct token gaps of some pieces and how many times each is taken: step
+    pieces values[s:s + n] for each (s, n) of `starts`, `lens` (`uniq_inv`: `values`'
+    `unique_inverse`, known), and single gaps `own`. None where a gap is NaN or -0.0
+    (which equals 0.0 and prints apart): weights of such values cannot be added up by
+    value afterwards."""
+    if len(values) and len(starts):
+        u, inv = uniq_inv if uniq_inv is not None else unique_inverse(values)
+        m = len(values)  # how many pieces take each step: pieces begun minus pieces ended
+        ends = np.asarray(starts, dtype=np.int64) + lens
+        cover = np.cumsum(np.bincount(starts, minlength=m + 1)[:m]
+                          - np.bincount(ends, minlength=m + 1)[:m])
+        w = np.bincount(inv, weights=cover, minlength=len(u))
+    else:
+        u, w = np.empty(0), np.empty(0)
+    if len(own):
+        ou, oc = np.unique(own, return_counts=True)
+        u, w = np.concatenate((u, ou)), np.concatenate((w, oc.astype(float)))
+    if np.isnan(u).any() or np.signbit(u).any():
+        return None
+    return u, w
+
+
+def add_weighed(parts: Sequence[tuple[np.ndarray, np.ndarray]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """`weighed_gaps` of several groups of pieces, as one: the distinct values (sorted)
+    and their summed weights."""
+    if not parts:
+        return np.empty(0), np.empty(0)
+    uniq, inv = np.unique(np.concatenate([u for u, _ in parts]), return_inverse=True)
+    return uniq, np.bincount(inv, weights=np.concatenate([w for _, w in parts]),
+                             minlength=len(uniq))
+
+
 def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
-              head_unique: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+              head_unique: tuple[np.ndarray, np.ndarray] | None = None,
+              weighed: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """`metrics._pcts(_gather(values, starts, lens), scratch=True)`, without the gathered
     array: P50/P90/P99 and mean of the concatenation of values[s:s + n] for each (s, n).
     `head_unique`: `np.unique(values[:m], return_inverse=True)` of its first m values,
-    already computed (the step gaps)."""
+    already computed (the step gaps); `weighed`: the gathered values' distinct ones and
+    their counts, already computed (`add_weighed`)."""
     from twin.metrics import PERCENTILES
 
     n = int(sum(lens))
@@ -502,8 +540,12 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
     src = _C.Gather(values, starts, lens) if _C is not None else _Pieces(values, starts, lens)
     mean = round(float(_pairwise_sum(src, n) / n), 6)
     # how many gaps take each element of `values`: pieces cover ranges of it
-    cover = _Cover(starts, lens)
-    if head_unique is not None:  # the first m values' distinct ones are known: weigh those
+    cover = None if weighed is not None else _Cover(starts, lens)
+    if weighed is not None:
+        uniq, weight = weighed
+        if int(weight.sum()) != n:
+            raise RuntimeError(f"{int(weight.sum())} weighed gaps for {n} gathered")
+    elif head_unique is not None:  # the first m values' distinct ones are known: weigh those
         u0, inv0 = head_unique
         m = len(inv0)
         u1, w1 = _weighted_counts(values[m:], cover, m)
