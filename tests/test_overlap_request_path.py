@@ -197,3 +197,28 @@ def test_overlap_hold_is_released_when_nothing_is_in_flight():
     fl.add(2, 5)
     fl.turn()
     assert fl.turn() and (fl.slots, fl.tokens) == (0, 0)
+
+
+def test_an_open_loop_is_released_as_the_closed_loop_releases_it():
+    """An open loop's requests are released in one loop of their own (`_fill_open`, issue
+    14's speed): the same heap, send times and tokenizer clock as the general loop gives a
+    closed loop with a client per request, with and without the request path, arrivals
+    out of order and tied included."""
+    from dataclasses import replace
+
+    w = from_spec("arrival=poisson,rate=40,n=400,prompt=uniform:10:9000,output=fixed:5", 3)
+    reqs = list(w.requests)
+    reqs[10], reqs[20] = reqs[20], reqs[10]  # a trace's rows out of order
+    reqs[30] = replace(reqs[30], arrival_s=reqs[29].arrival_s)  # and a tie
+    w = replace(w, requests=tuple(reqs))
+    for path in (RequestPath(), RequestPath(per_request_s=4.53e-3, per_token_s=4.14e-6,
+                                            latency_s=2.9e-3, egress_s=1e-3)):
+        fast = Source(w, path)
+        slow = Source(replace(w, concurrency=len(reqs)), path)
+        assert fast.open_loop and not slow.open_loop
+        assert fast._ready == slow._ready and fast._sent == slow._sent
+        assert fast._seq == slow._seq == len(reqs) and fast._in_flight == len(reqs)
+        if not path.off:
+            assert fast._tokenizer.free_at == slow._tokenizer.free_at
+        got = fast.pop_ready(1e9)
+        assert got == slow.pop_ready(1e9) and len(got) == len(reqs) and fast.exhausted

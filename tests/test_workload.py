@@ -95,3 +95,25 @@ def test_with_count_sets_n_except_on_a_ramp():
 def test_bad_specs_are_explained(spec, msg):
     with pytest.raises(ConfigError, match=msg):
         get_workload(spec, 0)
+
+
+def test_generated_requests_are_what_make_builds():
+    """`from_spec` builds one-segment requests without `Request.make` (issue 14's speed):
+    each is the request `make` builds from the same numbers, field for field and type for
+    type, and the other shapes (system prompt, templates) still go through `make`."""
+    import dataclasses
+
+    from twin.workload import Request
+
+    def fields(r):
+        return [(getattr(r, f.name), type(getattr(r, f.name))) for f in dataclasses.fields(r)]
+
+    for spec in ("arrival=poisson,rate=2,n=300,prompt=lognormal:300:1.5,output=uniform:1:9,"
+                 "tiers=0:1/3:2",
+                 "arrival=gamma,rate=3,cv=2,n=200,templates=4,share=0.5,system_prompt=64"):
+        w = from_spec(spec, seed=9)
+        for r in w.requests:
+            again = Request.make(r.rid, r.arrival_s, r.segments, r.output_tokens,
+                                 r.priority, r.ignore_eos)
+            assert fields(r) == fields(again)
+            assert all(type(h) is int and type(n) is int for h, n in r.segments)

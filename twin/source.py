@@ -48,6 +48,9 @@ class Source:
         self._fill(0.0)
 
     def _fill(self, now: float) -> None:
+        if self._limit is None and not self._warm and not self._warm_left:
+            self._fill_open(now)
+            return
         while self._limit is None or self._in_flight < self._limit:
             if self._warm:
                 req = self._warm.popleft()
@@ -64,6 +67,41 @@ class Source:
                 self._sent[self._seq] = sent
             heapq.heappush(self._ready, (at, self._seq, req))
             self._seq += 1
+
+    def _fill_open(self, now: float) -> None:
+        """`_fill` of an open loop without warm-ups (every pending request released at
+        once): the same sends, arrivals and heap, one loop without the checks a closed
+        loop needs (a day's requests pass through here)."""
+        pending, ready, offset, seq = self._pending, self._ready, self._offset, self._seq
+        if not pending:
+            return
+        push = heapq.heappush
+        tok = self._tokenizer
+        if tok is None:
+            for req in pending:
+                sent = req.arrival_s + offset
+                if sent < now:
+                    sent = now
+                push(ready, (sent, seq, req))
+                seq += 1
+        else:
+            sent_of = self._sent
+            path = tok.path
+            per_req, per_tok, latency = path.per_request_s, path.per_token_s, path.latency_s
+            free_at = tok.free_at
+            for req in pending:  # (Tokenizer.arrival, its arithmetic in its order)
+                sent = req.arrival_s + offset
+                if sent < now:
+                    sent = now
+                start = sent if sent >= free_at else free_at
+                free_at = start + (per_req + per_tok * req.prompt_tokens)
+                push(ready, (free_at + latency, seq, req))
+                sent_of[seq] = sent
+                seq += 1
+            tok.free_at = free_at
+        self._in_flight += len(pending)
+        self._seq = seq
+        pending.clear()
 
     def next_time(self) -> float | None:
         """Send time of the next request, or None when nothing more will be sent until a

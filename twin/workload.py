@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from twin.collector import paused
 from twin.errors import ConfigError
 from twin.inputs import (
     COUNT,
@@ -301,25 +302,42 @@ def from_spec(spec: str, seed: int, name: str | None = None) -> Workload:
     uses_template = rng.random(n) < share if k else np.zeros(n, dtype=bool)
     template = rng.integers(0, max(k, 1), size=n)
     tier = rng.choice(len(prio), size=n, p=weight)
-    ids = SegmentIds()
-    requests = []
     # Python numbers up front: a numpy scalar read per field per request costs more than
     # the request (int() and float() of them are the numbers make() would take)
-    for i, (at, rest, out, templated, tmpl, p) in enumerate(zip(
-            np.asarray(times, dtype=float).tolist(), np.asarray(prompts).tolist(),
-            np.asarray(outputs).tolist(), uses_template.tolist(), template.tolist(),
-            prio[tier].tolist(), strict=True)):
-        segs: list[Segment] = [(1, system)] if system else []
-        if templated:
-            segs.append((1000 + tmpl, tlen))
-        segs.append((ids.unique(), int(rest)))
-        requests.append(Request.make(f"r{i}", at, segs, int(out), p))
+    columns = (np.asarray(times, dtype=float).tolist(),
+               np.asarray(prompts).astype(np.int64).tolist(),
+               np.asarray(outputs).astype(np.int64).tolist(), uses_template.tolist(),
+               template.tolist(), prio[tier].astype(np.int64).tolist())
+    with paused():  # (a day's requests: collections that would find nothing)
+        requests = _requests(columns, system, k, tlen)
     clients = opts.get("clients", "replay")
     if clients not in CLIENTS:
         raise ConfigError(f"workload key clients={clients!r}: allowed values: "
                           f"{', '.join(CLIENTS)}")
     return Workload(name or spec, tuple(requests), concurrency, description=spec,
                     clients=clients)
+
+
+def _requests(columns: tuple, system: int, k: int, tlen: int) -> list[Request]:
+    """`from_spec`'s requests from its drawn columns (Python numbers)."""
+    requests = []
+    ids = SegmentIds()
+    if not system and not k and min(columns[1], default=1) > 0:
+        # one fresh segment each: the requests `make` would build, without its checks
+        # (the numbers are Python ints and floats already, every length positive)
+        uid = ids.UNIQUE_BASE
+        new = Request
+        for i, (at, rest, out, p) in enumerate(zip(columns[0], columns[1], columns[2],
+                                                   columns[5], strict=True), 1):
+            requests.append(new(f"r{i - 1}", at, ((uid + i, rest),), out, p, rest))
+        return requests
+    for i, (at, rest, out, templated, tmpl, p) in enumerate(zip(*columns, strict=True)):
+        segs: list[Segment] = [(1, system)] if system else []
+        if templated:
+            segs.append((1000 + tmpl, tlen))
+        segs.append((ids.unique(), rest))
+        requests.append(Request.make(f"r{i}", at, segs, out, p))
+    return requests
 
 
 def with_count(spec: str, n: int) -> str:
