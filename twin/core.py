@@ -19,12 +19,12 @@ faults."""
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 
 import simpy
 
+from twin.collector import paused
 from twin.compiled import load
 from twin.decider import PolicyDecider
 from twin.decode_cut import wait_or_cut
@@ -170,19 +170,14 @@ def run(rep) -> bool:
     # Python's cyclic collector off meanwhile: what the run allocates forms no cycles (an
     # evicted radix node is unlinked from its parent), so each collection would only walk
     # the live requests and records again (docs/perf.md, thirteenth round)
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        with sigint_taken() as stopped:  # checked by the core every 256 passes
+        with paused(), sigint_taken() as stopped:  # (checked by the core every 256 passes)
             src = rep.feed.source
             cols = _columns(src) if src.open_loop else None  # (the source's lists go)
             core = _CORE.Core(rep, cols, src, stopped, order_kind(rep.policy))
             return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def life(rep) -> Iterator[simpy.Event]:

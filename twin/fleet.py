@@ -28,7 +28,6 @@ the file, line and field.
 
 from __future__ import annotations
 
-import gc
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 import simpy
 
 from twin.cluster import Deployment, ScaledStepTime
+from twin.collector import paused
 from twin.config import ServerArgs, derive_capacity
 from twin.errors import ConfigError, ServetwinError
 from twin.faults import Fault, failover_from
@@ -577,9 +577,7 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
     # radix node; `gc.collect()` during a run finds only the builders' closures), nor do
     # the records and summaries; each collection would only walk the live requests and
     # the router's tree again (docs/perf.md, fourteenth round)
-    collecting = gc.isenabled()
-    try:
-        gc.disable()
+    with paused():
         # keep what is done: finalize gives the rest `aborted` (stopped between events)
         if run_interruptible(dep.env, dep.wait_in_events):
             interrupted = f"interrupted (Ctrl-C) at simulated time {dep.env.now:.3f} s"
@@ -590,9 +588,6 @@ def run_deployment(dep: Deployment, slo: SLO | None = None, out: Path | None = N
         else:
             records = dep.records()
         summary = dep.summary(records, slo)
-    finally:
-        if collecting:
-            gc.enable()
     if interrupted:
         if out is None:
             for r in records:

@@ -10,6 +10,7 @@ from pathlib import Path
 import simpy
 
 from twin.cluster import Deployment
+from twin.collector import paused
 from twin.config import Capacity, ServerArgs, derive_capacity
 from twin.core import run as run_core
 from twin.core import why_not
@@ -288,24 +289,25 @@ def simulate(workload: Workload, cfg: SimConfig, slo: SLO | None = None,
         stopped = run_interruptible(env, rep.wait_in_events)
     if stopped:
         interrupted = f"interrupted (Ctrl-C) at simulated time {env.now:.3f} s"
-    if sink is not None:
-        warmup = sink.skipped
-        if interrupted:
-            records, summary = sink.finish_with(_unfinished(workload, sink.rids(), interrupted,
-                                                            env.now), slo)
+    with paused():  # the records and the summary make no cycles (twin/collector.py)
+        if sink is not None:
+            warmup = sink.skipped
+            if interrupted:
+                left = _unfinished(workload, sink.rids(), interrupted, env.now)
+                records, summary = sink.finish_with(left, slo)
+            else:
+                records, summary = sink.finish(slo)
         else:
-            records, summary = sink.finish(slo)
-    else:
-        finished = rep.finished
-        if bench:
-            finished = [r for r in finished if not r.req.rid.startswith(WARMUP_RID)]
-        warmup = len(rep.finished) - len(finished)
-        if interrupted:
-            records = with_unfinished(twin_records(finished, rep.step_end), workload,
-                                      interrupted, env.now)
-        else:  # built on demand; written and summarised from columns (twin/record_table.py)
-            records = RecordTable(finished, rep.step_end)
-        summary = summarize(records, slo)
+            finished = rep.finished
+            if bench:
+                finished = [r for r in finished if not r.req.rid.startswith(WARMUP_RID)]
+            warmup = len(rep.finished) - len(finished)
+            if interrupted:
+                records = with_unfinished(twin_records(finished, rep.step_end), workload,
+                                          interrupted, env.now)
+            else:  # built on demand; written and summarised from columns
+                records = RecordTable(finished, rep.step_end)  # (twin/record_table.py)
+            summary = summarize(records, slo)
     counters = dict(rep.counters.__dict__)
     if bench:
         summary["warmup"] = {"requests": warmup,
