@@ -117,3 +117,44 @@ def test_generated_requests_are_what_make_builds():
                                  r.priority, r.ignore_eos)
             assert fields(r) == fields(again)
             assert all(type(h) is int and type(n) is int for h, n in r.segments)
+
+
+def _finance_reference(seed: int, n: int) -> list:
+    """finance_qa's requests drawn one call at a time (the generator before issue 14's
+    batching): the specification its batched draws must reproduce."""
+    from twin.workload import Request, SegmentIds, _rng
+
+    rng = _rng(seed)
+    ids = SegmentIds()
+    kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
+    tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
+    out_reqs = []
+    for i in range(n):
+        segs = [(1, 256)]
+        if kind[i] == 0:
+            body = int(max(8, round(250 * np.exp(0.5 * rng.standard_normal()))))
+            out = int(max(8, round(150 * np.exp(0.5 * rng.standard_normal()))))
+        else:
+            lo, hi = (10_000, 32_000) if kind[i] == 1 else (64_000, 128_000)
+            body = int(rng.integers(lo, hi + 1)) - 256
+            out = int(max(8, round(300 * np.exp(0.5 * rng.standard_normal()))))
+            if rng.random() < 0.6:
+                segs.append((2000 + int(rng.integers(0, 20)), 2048))
+                body -= 2048
+        segs.append((ids.unique(), body))
+        out_reqs.append(Request.make(f"r{i}", 0.0, segs, out, int(tiers[i])))
+    return out_reqs
+
+
+@pytest.mark.parametrize("seed", [0, 5, 99])
+def test_finance_qa_draws_as_one_call_per_draw_would(seed):
+    """The batched finance-qa generator gives the requests of the one-call-per-draw
+    loop, field for field and type for type (closed loop: no arrival draws)."""
+    import dataclasses
+
+    def fields(r):
+        return [(getattr(r, f.name), type(getattr(r, f.name))) for f in dataclasses.fields(r)]
+
+    got = finance_qa(seed, n=5000).requests
+    want = _finance_reference(seed, 5000)
+    assert [fields(r) for r in got] == [fields(r) for r in want]

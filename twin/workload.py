@@ -410,27 +410,62 @@ def finance_qa(seed: int, n: int = 600, concurrency: int = 50,
     arrivals = {"arrival": "closed"} if arrivals is None else arrivals
     times, concurrency = _arrivals(arrivals, rng, n, concurrency)  # before the shapes
     n = len(times)
-    ids = SegmentIds()
     kind = rng.choice(3, size=n, p=[0.90, 0.08, 0.02])
     tiers = rng.choice(np.array([0, 10, 20]), size=n, p=[0.80, 0.15, 0.05])
-    requests = []
-    for i in range(n):
-        segs: list[Segment] = [(1, 256)]
-        if kind[i] == 0:
-            body = int(max(8, round(250 * np.exp(0.5 * rng.standard_normal()))))
-            out = int(max(8, round(150 * np.exp(0.5 * rng.standard_normal()))))
-        else:
-            lo, hi = (10_000, 32_000) if kind[i] == 1 else (64_000, 128_000)
-            body = int(rng.integers(lo, hi + 1)) - 256
-            out = int(max(8, round(300 * np.exp(0.5 * rng.standard_normal()))))
-            if rng.random() < 0.6:
-                segs.append((2000 + int(rng.integers(0, 20)), 2048))
-                body -= 2048
-        segs.append((ids.unique(), body))
-        requests.append(Request.make(f"r{i}", times[i], segs, out, int(tiers[i])))
+    with paused():  # (a day's requests: collections that would find nothing)
+        requests = _finance_requests(rng, np.asarray(times, dtype=float).tolist(),
+                                     kind.tolist(), tiers.tolist())
     return Workload("finance-qa", tuple(requests), concurrency,  # checks `clients`
                     description=finance_qa.__doc__ or "",
                     clients=arrivals.get("clients", "replay"))
+
+
+def _finance_requests(rng: np.random.Generator, times: list[float], kinds: list[int],
+                      tiers: list[int]) -> list[Request]:
+    """`finance_qa`'s requests, drawn request by request in this order: a question, its
+    body's and its answer's normal; a document, its length, its answer's normal, whether
+    it opens with a template and which. A run of questions draws its normals in one call
+    (the generator fills an array with the draws a call each would make, in order); all
+    questions' normals are scaled at the end, as one array (the same float operations,
+    element by element)."""
+    n = len(kinds)
+    zs: list[np.ndarray] = []
+    docs: list[tuple[int, int, int]] = []  # (body, answer, template or -1), in order
+    i = 0
+    while i < n:
+        if kinds[i] == 0:
+            j = i + 1
+            while j < n and kinds[j] == 0:
+                j += 1
+            zs.append(rng.standard_normal(2 * (j - i)))
+            i = j
+            continue
+        lo, hi = (10_000, 32_000) if kinds[i] == 1 else (64_000, 128_000)
+        body = int(rng.integers(lo, hi + 1)) - 256
+        out = int(max(8, round(300 * np.exp(0.5 * rng.standard_normal()))))
+        tmpl = 2000 + int(rng.integers(0, 20)) if rng.random() < 0.6 else -1
+        docs.append((body, out, tmpl))
+        i += 1
+    z = np.concatenate(zs) if zs else np.empty(0)
+    scale = np.resize(np.array([250, 150], dtype=float), len(z))
+    short = iter(np.maximum(8, np.rint(scale * np.exp(0.5 * z))).astype(np.int64).tolist())
+    doc = iter(docs)
+    ids = SegmentIds()
+    requests = []
+    for k, kind in enumerate(kinds):
+        if kind == 0:
+            body, out = next(short), next(short)
+            requests.append(Request(f"r{k}", times[k], ((1, 256), (ids.unique(), body)),
+                                    out, tiers[k], 256 + body))
+            continue
+        body, out, tmpl = next(doc)
+        segs: list[Segment] = [(1, 256)]
+        if tmpl >= 0:
+            segs.append((tmpl, 2048))
+            body -= 2048
+        segs.append((ids.unique(), body))
+        requests.append(Request.make(f"r{k}", times[k], segs, out, tiers[k]))
+    return requests
 
 
 PRESETS = {"finance-qa": finance_qa}
