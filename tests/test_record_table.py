@@ -62,3 +62,43 @@ def test_slo_attainment_from_columns_counts_what_met_counts(rows, slo) -> None:
     cols = {k: [r[i] for r in rows] for i, k in enumerate(keys)}
     want = sum(slo.met(dict(zip(keys, r, strict=True))) for r in rows)
     assert slo.count_met(cols["status"], cols) == want
+
+
+def test_summary_from_numpy_columns_is_the_list_summary():
+    """A streamed run summarises numpy columns (status codes, NaN for null): the same
+    summary, value for value and type for type, as the lists of the same records, with
+    nulls, zero and nonzero lost seconds, every status and an SLO."""
+    import numpy as np
+
+    from twin.metrics import STATUSES, summary_from_columns
+
+    rng = np.random.default_rng(21)
+    for trial in range(200):
+        n = int(rng.integers(0, 40))
+        status = rng.choice(len(STATUSES), n, p=[0.7, 0.1, 0.1, 0.1]).astype(np.int8)
+        ok = status == 0
+
+        def floats(null_share: float, n: int = n) -> np.ndarray:
+            v = np.round(rng.exponential(1.0, n), int(rng.integers(1, 7)))
+            v[rng.random(n) < null_share] = np.nan
+            return v
+
+        arrays = {"status": status, "arrival_s": np.sort(floats(0.0)),
+                  "ttft_s": floats(0.2), "tpot_s": floats(0.3),
+                  "queue_s": floats(0.2), "lost_s": np.where(rng.random(n) < 0.5, 0.0,
+                                                             floats(0.3))}
+        e2e = floats(0.0)
+        e2e[~ok] = np.nan
+        arrays["e2e_s"] = e2e
+        for key in ("prompt_tokens", "output_tokens", "cached_tokens", "retractions",
+                    "preemptions", "kv_moved_bytes"):
+            arrays[key] = rng.integers(0, 5000, n).astype(np.int64)
+        lists = {k: [None if x != x else x for x in v.tolist()] for k, v in arrays.items()
+                 if v.dtype.kind == "f"}
+        lists.update({k: v.tolist() for k, v in arrays.items() if v.dtype.kind == "i"})
+        lists["status"] = [STATUSES[i] for i in status.tolist()]
+        itl = {"p50": 0.1, "p90": 0.2, "p99": 0.3, "mean": 0.15}
+        slo = SLO(ttft_s=1.0, e2e_s=2.0) if trial % 2 else None
+        want = summary_from_columns(lists, itl, slo)
+        got = summary_from_columns(arrays, itl, slo)
+        assert json.dumps(got) == json.dumps(want) and got == want

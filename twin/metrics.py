@@ -165,52 +165,111 @@ def summary_from_columns(cols: dict[str, list], itl: np.ndarray | dict, slo: SLO
     """`summarize` over records given as columns (lists in record order, fields of
     `_SUMMARY_COLUMNS`) and the token gaps of the `ok` ones, concatenated in order
     (`itl` is consumed: its percentiles partition it in place), or their statistics
-    already computed (a dict as `_pcts` returns)."""
+    already computed (a dict as `_pcts` returns). The columns may instead be numpy arrays
+    in record order (a streamed run's, twin/record_sink.py): "status" an index into
+    `STATUSES`, floats NaN where the record has null; the same summary."""
+    if isinstance(cols["status"], np.ndarray):
+        agg = _aggregate_arrays(cols, slo)
+    else:
+        agg = _aggregate_lists(cols, slo)
+    n, ok_n, pct = agg["n"], agg["ok"], agg["pct"]
+    if duration_s is None:
+        duration_s = (agg["end"] - agg["start"]) if ok_n else 0.0
+    prompt, out_tokens = agg["prompt"], agg["out"]
+    summary = {
+        "requests": n,
+        "status": agg["status"],
+        "duration_s": round(duration_s, 6),
+        "throughput": {
+            "requests_per_s": round(ok_n / duration_s, 6) if duration_s else None,
+            "input_tokens_per_s": round(prompt / duration_s, 3) if duration_s else None,
+            "output_tokens_per_s": round(out_tokens / duration_s, 3) if duration_s else None,
+        },
+        "ttft_s": pct("ttft_s"),
+        "tpot_s": pct("tpot_s"),
+        # a dict: computed without the array (twin/record_table.py, `itl_stats`)
+        "itl_s": itl if isinstance(itl, dict) else _pcts(itl, scratch=True),
+        "e2e_s": pct("e2e_s"),
+        "queue_s": pct("queue_s"),
+        "cached_token_share": round(agg["cached"] / prompt, 6) if prompt else None,
+        "retractions": agg["retractions"],
+        "preemptions": agg["preemptions"],
+        "preemption_lost_s": round(agg["lost"], 6),
+        "kv_moved_bytes": agg["moved"],
+    }
+    if slo is not None and slo.any():
+        met = agg["met"]
+        summary["slo"] = {
+            "targets": {k: v for k, v in slo.__dict__.items() if v is not None},
+            "attainment": round(met / n, 6) if n else None,
+        }
+    return summary
+
+
+def _aggregate_lists(cols: dict[str, list], slo: SLO | None) -> dict:
+    """`summary_from_columns`'s sums, extremes and percentile sources over lists."""
     status_col = cols["status"]
-    n = len(status_col)
     ok = [i for i, s in enumerate(status_col) if s == "ok"]
 
     def ok_of(key: str) -> list:
         col = cols[key]
         return [col[i] for i in ok]
 
-    status = {s: sum(1 for x in status_col if x == s) for s in STATUSES}
-    if duration_s is None:
-        arrival, e2e = cols["arrival_s"], cols["e2e_s"]
-        ends = [arrival[i] + e2e[i] for i in ok]
-        start = min(arrival, default=0.0)
-        duration_s = (max(ends) - start) if ends else 0.0
-    prompt = sum(ok_of("prompt_tokens"))
-    out_tokens = sum(ok_of("output_tokens"))
-    summary = {
-        "requests": n,
-        "status": status,
-        "duration_s": round(duration_s, 6),
-        "throughput": {
-            "requests_per_s": round(len(ok) / duration_s, 6) if duration_s else None,
-            "input_tokens_per_s": round(prompt / duration_s, 3) if duration_s else None,
-            "output_tokens_per_s": round(out_tokens / duration_s, 3) if duration_s else None,
-        },
-        "ttft_s": _pcts(ok_of("ttft_s")),
-        "tpot_s": _pcts(ok_of("tpot_s")),
-        # a dict: computed without the array (twin/record_table.py, `itl_stats`)
-        "itl_s": itl if isinstance(itl, dict) else _pcts(itl, scratch=True),
-        "e2e_s": _pcts(ok_of("e2e_s")),
-        "queue_s": _pcts(ok_of("queue_s")),
-        "cached_token_share": round(sum(ok_of("cached_tokens")) / prompt, 6)
-        if prompt else None,
-        "retractions": sum(cols["retractions"]),
-        "preemptions": sum(cols["preemptions"]),
-        "preemption_lost_s": round(sum(x or 0 for x in cols["lost_s"]), 6),
-        "kv_moved_bytes": sum(x or 0 for x in cols["kv_moved_bytes"]),
+    arrival, e2e = cols["arrival_s"], cols["e2e_s"]
+    ends = [arrival[i] + e2e[i] for i in ok]
+    return {
+        "n": len(status_col), "ok": len(ok),
+        "status": {s: sum(1 for x in status_col if x == s) for s in STATUSES},
+        "start": min(arrival, default=0.0), "end": max(ends) if ends else 0.0,
+        "prompt": sum(ok_of("prompt_tokens")), "out": sum(ok_of("output_tokens")),
+        "pct": lambda key: _pcts(ok_of(key)),
+        "cached": sum(ok_of("cached_tokens")),
+        "retractions": sum(cols["retractions"]), "preemptions": sum(cols["preemptions"]),
+        "lost": sum(x or 0 for x in cols["lost_s"]),
+        "moved": sum(x or 0 for x in cols["kv_moved_bytes"]),
+        "met": slo.count_met(status_col, cols) if slo is not None and slo.any() else 0,
     }
+
+
+def _aggregate_arrays(cols: dict[str, np.ndarray], slo: SLO | None) -> dict:
+    """`_aggregate_lists` over numpy columns: the same numbers (the same float additions
+    in the same order where the order counts: the lost seconds' running sum, the
+    percentiles' arrays in record order)."""
+    code = cols["status"]
+    ok = code == STATUSES.index("ok")
+    n, ok_n = len(code), int(ok.sum())
+    counts = np.bincount(code, minlength=len(STATUSES)).tolist()
+    arrival = cols["arrival_s"]
+    ends = arrival[ok] + cols["e2e_s"][ok]
+
+    def pct(key: str) -> dict:
+        a = cols[key][ok]
+        return _pcts(a[~np.isnan(a)])
+
+    def total(key: str, rows=None) -> int:
+        col = cols[key] if rows is None else cols[key][rows]
+        return int(col.sum())
+
+    lost = cols["lost_s"]
+    # `sum(x or 0 ...)`: nulls and zeros add nothing; the rest in order, from the int 0
+    lost_sum = sum(lost[~np.isnan(lost) & (lost != 0)].tolist())
+    met = 0
     if slo is not None and slo.any():
-        met = slo.count_met(status_col, cols)
-        summary["slo"] = {
-            "targets": {k: v for k, v in slo.__dict__.items() if v is not None},
-            "attainment": round(met / n, 6) if n else None,
-        }
-    return summary
+        good = ok.copy()
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            target = getattr(slo, key)
+            if target is not None:
+                good &= ~(cols[key] > target)
+        met = int(good.sum())
+    return {
+        "n": n, "ok": ok_n, "status": dict(zip(STATUSES, counts, strict=False)),
+        "start": float(arrival.min()) if n else 0.0,
+        "end": float(ends.max()) if ok_n else 0.0,
+        "prompt": total("prompt_tokens", ok), "out": total("output_tokens", ok),
+        "pct": pct, "cached": total("cached_tokens", ok),
+        "retractions": total("retractions"), "preemptions": total("preemptions"),
+        "lost": lost_sum, "moved": total("kv_moved_bytes"), "met": met,
+    }
 
 
 def write_records(path: Path, records: Sequence[dict]) -> None:

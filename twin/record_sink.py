@@ -325,13 +325,8 @@ class RecordSink:
     def _summary(self, perm: np.ndarray, c: dict, slo: SLO | None) -> dict:
         """`RecordTable.summary` over the columns, rows in the order `perm`."""
         itl = self._itl(perm, c)
-        statuses = np.array(STATUSES, dtype=object)
-        cols: dict[str, list] = {"status": statuses[c["status"][perm]].tolist()}
-        for name in _FLOATS:
-            cols[name] = [None if x != x else x for x in c[name][perm].tolist()]
-        for name in _INTS:
-            cols[name] = c[name][perm].tolist()
-        return summary_from_columns(cols, itl, slo)
+        cols = {name: c[name][perm] for name in ("status", *_FLOATS, *_INTS)}
+        return summary_from_columns(cols, itl, slo)  # (numpy columns: NaN is null)
 
     def _itl(self, perm: np.ndarray, c: dict) -> dict:
         """`itl_stats` of the `ok` rows' token gaps, rows in the order `perm`: the step
