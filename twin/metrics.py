@@ -131,11 +131,16 @@ class SLO:
     def count_met(self, status: list, cols: dict[str, list]) -> int:
         """How many records meet every target: `met` of each, from columns (a null meets
         a target, as in `met`; numpy reads None as NaN, which exceeds nothing)."""
-        met = np.array([s == "ok" for s in status], dtype=bool)
+        return self.count_met_of(np.array([s == "ok" for s in status], dtype=bool), cols)
+
+    def count_met_of(self, ok: np.ndarray, cols: dict) -> int:
+        """`count_met` of the rows `ok` marks (columns as lists with None or numpy
+        arrays with NaN for null)."""
+        met = ok.copy()
         for key in ("ttft_s", "tpot_s", "e2e_s"):
             target = getattr(self, key)
             if target is not None:
-                met &= ~(np.array(cols[key], dtype=float) > target)
+                met &= ~(np.asarray(cols[key], dtype=float) > target)
         return int(met.sum())
 
     def any(self) -> bool:
@@ -253,14 +258,6 @@ def _aggregate_arrays(cols: dict[str, np.ndarray], slo: SLO | None) -> dict:
     lost = cols["lost_s"]
     # `sum(x or 0 ...)`: nulls and zeros add nothing; the rest in order, from the int 0
     lost_sum = sum(lost[~np.isnan(lost) & (lost != 0)].tolist())
-    met = 0
-    if slo is not None and slo.any():
-        good = ok.copy()
-        for key in ("ttft_s", "tpot_s", "e2e_s"):
-            target = getattr(slo, key)
-            if target is not None:
-                good &= ~(cols[key] > target)
-        met = int(good.sum())
     return {
         "n": n, "ok": ok_n, "status": dict(zip(STATUSES, counts, strict=False)),
         "start": float(arrival.min()) if n else 0.0,
@@ -268,7 +265,8 @@ def _aggregate_arrays(cols: dict[str, np.ndarray], slo: SLO | None) -> dict:
         "prompt": total("prompt_tokens", ok), "out": total("output_tokens", ok),
         "pct": pct, "cached": total("cached_tokens", ok),
         "retractions": total("retractions"), "preemptions": total("preemptions"),
-        "lost": lost_sum, "moved": total("kv_moved_bytes"), "met": met,
+        "lost": lost_sum, "moved": total("kv_moved_bytes"),
+        "met": slo.count_met_of(ok, cols) if slo is not None and slo.any() else 0,
     }
 
 

@@ -132,8 +132,6 @@ class RecordSink:
                 order = order[:k]
                 if not order:
                     return
-        elif self._ordered:
-            self._in_place(buf, order)
         reqs = [buf[i] for i in order]
         seq = np.array(seqs, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
         table = self._table(reqs, 0)
@@ -207,9 +205,8 @@ class RecordSink:
         self._n_own += len(own_gaps)
         if self._weighed is not None:  # the summary's ITL counts, this chunk's share
             steps = ~own
-            part = weighed_gaps(plan.step_gaps,
-                                table._step_unique() if self.path is not None else None,
-                                start[steps], plan.length[at][steps], own_gaps[-1 - start[own]])
+            part = weighed_gaps(plan.step_gaps, table._step_unique(), start[steps],
+                                plan.length[at][steps], own_gaps[-1 - start[own]])
             if part is None:
                 self._weighed = None
             else:

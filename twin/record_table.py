@@ -539,13 +539,14 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
         return {**{f"p{p}": None for p in PERCENTILES}, "mean": None}
     src = _C.Gather(values, starts, lens) if _C is not None else _Pieces(values, starts, lens)
     mean = round(float(_pairwise_sum(src, n) / n), 6)
-    # how many gaps take each element of `values`: pieces cover ranges of it
-    cover = None if weighed is not None else _Cover(starts, lens)
     if weighed is not None:
         uniq, weight = weighed
         if int(weight.sum()) != n:
             raise RuntimeError(f"{int(weight.sum())} weighed gaps for {n} gathered")
-    elif head_unique is not None:  # the first m values' distinct ones are known: weigh those
+        return _linear_percentiles(uniq, weight, n, mean)
+    # how many gaps take each element of `values`: pieces cover ranges of it
+    cover = _Cover(starts, lens)
+    if head_unique is not None:  # the first m values' distinct ones are known: weigh those
         u0, inv0 = head_unique
         m = len(inv0)
         u1, w1 = _weighted_counts(values[m:], cover, m)
@@ -557,6 +558,13 @@ def itl_stats(values: np.ndarray, starts: list[int], lens: list[int],
         weight = np.bincount(inv, weights=np.concatenate((w0, w1)), minlength=len(uniq))
     else:
         uniq, weight = _weighted_counts(values, cover)  # a value of weight 0 is never picked
+    return _linear_percentiles(uniq, weight, n, mean)
+
+
+def _linear_percentiles(uniq: np.ndarray, weight: np.ndarray, n: int, mean: float) -> dict:
+    """`itl_stats`'s dict from the n gaps' distinct values (sorted) and counts."""
+    from twin.metrics import PERCENTILES
+
     cum = np.cumsum(weight)  # whole numbers below 2**53: exact
     # numpy's percentile, method 'linear' (numpy.lib._function_base_impl._quantile)
     q = np.true_divide(np.asarray(PERCENTILES), 100)

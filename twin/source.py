@@ -75,30 +75,18 @@ class Source:
         pending, ready, offset, seq = self._pending, self._ready, self._offset, self._seq
         if not pending:
             return
-        push = heapq.heappush
-        tok = self._tokenizer
-        if tok is None:
-            for req in pending:
-                sent = req.arrival_s + offset
-                if sent < now:
-                    sent = now
+        push, sent_of = heapq.heappush, self._sent
+        arrival = None if self._tokenizer is None else self._tokenizer.arrival
+        for req in pending:
+            sent = req.arrival_s + offset  # (max(arrival + offset, now), as `_fill`)
+            if sent < now:
+                sent = now
+            if arrival is None:
                 push(ready, (sent, seq, req))
-                seq += 1
-        else:
-            sent_of = self._sent
-            path = tok.path
-            per_req, per_tok, latency = path.per_request_s, path.per_token_s, path.latency_s
-            free_at = tok.free_at
-            for req in pending:  # (Tokenizer.arrival, its arithmetic in its order)
-                sent = req.arrival_s + offset
-                if sent < now:
-                    sent = now
-                start = sent if sent >= free_at else free_at
-                free_at = start + (per_req + per_tok * req.prompt_tokens)
-                push(ready, (free_at + latency, seq, req))
+            else:
+                push(ready, (arrival(sent, req.prompt_tokens), seq, req))
                 sent_of[seq] = sent
-                seq += 1
-            tok.free_at = free_at
+            seq += 1
         self._in_flight += len(pending)
         self._seq = seq
         pending.clear()

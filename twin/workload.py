@@ -322,9 +322,10 @@ def _requests(columns: tuple, system: int, k: int, tlen: int) -> list[Request]:
     """`from_spec`'s requests from its drawn columns (Python numbers)."""
     requests = []
     ids = SegmentIds()
-    if not system and not k and min(columns[1], default=1) > 0:
+    if not system and not k:
         # one fresh segment each: the requests `make` would build, without its checks
-        # (the numbers are Python ints and floats already, every length positive)
+        # (the numbers are Python ints and floats already; `Lengths.sample` clips every
+        # length to 1 or more, so `make` would drop no segment)
         uid = ids.UNIQUE_BASE
         new = Request
         for i, (at, rest, out, p) in enumerate(zip(columns[0], columns[1], columns[2],
