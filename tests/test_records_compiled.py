@@ -285,3 +285,17 @@ def test_itl_statistics_are_the_same_from_both_cores(values, pieces) -> None:
             finally:
                 record_table._C, record_table._PW_LEAF = saved
     assert out[0] == out[2] and out[1] == out[3]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                 st.integers(-2**49, 2**49).map(lambda k: k / 1e6),
+                 st.floats(-1e9, 1e9).map(lambda x: round(x, 6)),
+                 st.integers(0, 2000).map(lambda k: k / 1e6)))
+def test_microsecond_numbers_are_written_as_repr_writes_them(x: float) -> None:
+    """The writer's own digits for whole microseconds (`put_micros`) are repr's; any
+    other number is left to CPython's formatting."""
+    got = COMPILED.micros_repr(x)
+    assert got is None or got.decode() == repr(x)
+    if got is None and x == x and 1e-4 <= abs(x) < 2**27 and round(x, 6) == x:
+        raise AssertionError(f"{x!r}: a microsecond number not written by put_micros")

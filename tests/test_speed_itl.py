@@ -90,3 +90,32 @@ def test_gaps_weighed_in_groups_give_the_same_statistics():
                            np.array([np.nan])) is None
     with pytest.raises(RuntimeError, match="weighed gaps"):  # counts that do not add up
         rt.itl_stats(np.array([0.5, 0.25]), [0], [2], weighed=(np.array([0.5]), np.ones(1)))
+
+
+def test_compiled_weighing_counts_what_the_sort_counts(monkeypatch):
+    """The compiled weighing counts whole microseconds in an array (`weigh_micros`): the
+    same values with the same counts as the Python code's sort of the distinct gaps, for
+    rounded gaps, gaps of a second and more (counted apart), unrounded ones and zeros."""
+    if rt._C is None:
+        pytest.skip(f"not built: {rt.WHY_PYTHON}")
+    rng = np.random.default_rng(14)
+    for k in range(300):
+        size = int(rng.integers(1, 2000))
+        values = np.round(rng.exponential([0.01, 0.5, 3.0][k % 3], size), 6)
+        if k % 5 == 0:  # unrounded, zero and far-off values among them
+            pick = rng.integers(0, size, size // 4 + 1)
+            values[pick] = rng.choice([0.0, 1e-7, 123.456789123, 2e6, 0.3], len(pick))
+        values = np.repeat(values, rng.integers(1, 4, size))  # runs of equal neighbours
+        starts = rng.integers(0, len(values), int(rng.integers(0, 200)))
+        lens = np.array([int(rng.integers(0, len(values) - s + 1)) for s in starts],
+                        dtype=np.int64)
+        own = np.round(rng.exponential(0.05, int(rng.integers(0, 9))), 6)
+        got = rt.weighed_gaps(values, None, starts, lens, own)
+        monkeypatch.setattr(rt, "_C", None)
+        want = rt.weighed_gaps(values, None, starts, lens, own)
+        monkeypatch.undo()
+        (gu, gw), (wu, ww) = rt.add_weighed([got]), rt.add_weighed([want])
+        keep = ww > 0  # (the sort keeps values no piece takes, with weight 0)
+        assert gu.tobytes() == wu[keep].tobytes() and gw.tobytes() == ww[keep].tobytes()
+    v = np.array([0.5, -0.0, 0.25])
+    assert rt.weighed_gaps(v, None, np.array([2]), np.array([1]), np.empty(0)) is None

@@ -7,7 +7,9 @@ times), `window` (the steps a chunk's requests used) and `LineWriter` (the JSON 
 `requests.jsonl`). The Python code is the specification; tests/test_records_compiled.py
 runs both on the same requests and compares. Floats are written by CPython's own
 `PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL)`, the function behind
-`float.__repr__`, so a number reads exactly as `json.dumps` writes it; times are rounded by
+`float.__repr__`, so a number reads exactly as `json.dumps` writes it, except whole
+microseconds (the records' rounded times and gaps), whose digits `put_micros` writes
+itself, the same ones (its docstring says why; a test compares); times are rounded by
 the builtin `round`, strings escaped by `json`'s own `encode_basestring_ascii` wherever
 they are not plain printable ASCII.
 
@@ -15,7 +17,7 @@ Built from Cython's PyPI wheel as an optional extension (setup.py): without a C
 compiler the install succeeds and the Python code runs (twin/record_table.py says why).
 """
 
-from libc.math cimport copysign, fabs, floor, fma, fmod, isinf, isnan
+from libc.math cimport copysign, fabs, floor, fma, fmod, isinf, isnan, rint, signbit
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, strlen
 
@@ -68,8 +70,78 @@ cdef inline int put(Buf* b, const char* s, Py_ssize_t k) except -1:
     return 0
 
 
-cdef int put_repr(Buf* b, double x) except -1:
-    """repr(x)."""
+cdef inline int put_repr(Buf* b, double x) except -1:
+    """repr(x): `put_micros` where it can, else CPython's own."""
+    cdef int k
+    if b.n + 32 > b.cap:
+        _reserve(<void**>&b.data, &b.cap, b.n + 32, 1)
+    k = put_micros(b.data + b.n, x)
+    if k:
+        b.n += k
+        return 0
+    return put_dtoa(b, x)
+
+
+cdef int put_micros(char* out, double x) noexcept nogil:
+    """repr(x) written to `out` (room for 32 bytes) when x is a whole number of
+    microseconds, the double nearest some K / 10**6, with 1e-4 <= |x| < 2**28: the
+    times and gaps the records round to 6 decimals (`round` and `np.round` both give
+    that double); its length then, else 0 and nothing written.
+
+    repr gives the shortest decimal that reads back as x (the nearest to x among such).
+    K / 10**6, its trailing zeros dropped, reads back as x; any other decimal of as few
+    digits would be a multiple of 10**-6 (10**-7 across a power of ten) apart from it by
+    more than x's ulp (at most 2**-24 below 2**28), so it cannot read back as x. From
+    1e-4 on, repr writes the digits without an exponent."""
+    cdef double ax = fabs(x), kd
+    cdef long long k, ip, fp
+    cdef int n = 0, j, digits
+    cdef char tmp[24]
+    if not (ax >= 1e-4 and ax < 268435456.0):  # (NaN fails both)
+        return 0
+    kd = rint(ax * 1e6)  # K: ax * 1e6 < 2**48, within 1/4 of it
+    if kd / 1e6 != ax:  # (IEEE division: the double nearest K / 10**6)
+        return 0
+    k = <long long>kd
+    ip = k // 1000000
+    fp = k % 1000000
+    if x < 0:
+        out[0] = 45  # '-'
+        n = 1
+    j = 24
+    while True:
+        j -= 1
+        tmp[j] = <char>(48 + ip % 10)
+        ip //= 10
+        if ip == 0:
+            break
+    memcpy(out + n, tmp + j, 24 - j)
+    n += 24 - j
+    out[n] = 46  # '.'
+    n += 1
+    if fp == 0:
+        out[n] = 48
+        return n + 1
+    digits = 6
+    while fp % 10 == 0:
+        fp //= 10
+        digits -= 1
+    for j in range(digits - 1, -1, -1):
+        out[n + j] = <char>(48 + fp % 10)
+        fp //= 10
+    return n + digits
+
+
+def micros_repr(double x):
+    """`put_micros` to Python: repr(x) as bytes, or None where it does not apply
+    (tests/test_records_compiled.py compares it with repr)."""
+    cdef char out[32]
+    cdef int k = put_micros(out, x)
+    return out[:k] if k else None
+
+
+cdef int put_dtoa(Buf* b, double x) except -1:
+    """repr(x), by CPython's own float formatting."""
     cdef char* s = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
     try:
         put(b, s, strlen(s))
@@ -418,11 +490,15 @@ cdef class LineWriter:
     def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own):
         """`uniq`, `inv`: the distinct step gaps and each step gap's index among them
         (`RecordTable._step_unique`): each distinct gap is formatted once, and the text of
-        every step gap is laid out once, so a request's run of steps is one copy."""
+        every step gap is laid out once, so a request's run of steps is one copy. `inv`
+        None: `uniq` is every step gap in turn, each formatted where it stands (a
+        timeline without NaN or -0.0, whose distinct values need not be found first)."""
         cdef Buf d, b
-        cdef Py_ssize_t j, g
+        cdef Py_ssize_t j, g, n_gaps
+        cdef bint direct = inv is None
         cdef const double[::1] u = np.ascontiguousarray(uniq, dtype=float)
-        cdef const long long[::1] iv = np.ascontiguousarray(inv, dtype=np.int64)
+        cdef const long long[::1] iv = np.ascontiguousarray(
+            np.empty(0, dtype=np.int64) if direct else inv, dtype=np.int64)
         cdef tuple rs = tuple(reqs)
         cdef tuple tm = tuple([tuple(c) for c in times])
         cdef const long long[::1] f1 = first
@@ -430,25 +506,36 @@ cdef class LineWriter:
         cdef const long long[::1] l1 = length
         cdef const long long[::1] n1 = n_out
         cdef const double[::1] o1 = np.ascontiguousarray(own, dtype=float)
-        _check_plan(len(rs), first, start, length, n_out, tm, iv.shape[0],
+        n_gaps = u.shape[0] if direct else iv.shape[0]
+        _check_plan(len(rs), first, start, length, n_out, tm, n_gaps,
                     o1.shape[0], u.shape[0], iv)
         dat = np.empty(u.shape[0] + 1, dtype=np.int64)
-        at = np.empty(iv.shape[0] + 1, dtype=np.int64)
+        at = np.empty(n_gaps + 1, dtype=np.int64)
         cdef long long[::1] dv = dat
         cdef long long[::1] av = at
         d.data = b.data = NULL
         d.n = d.cap = b.n = b.cap = 0
         try:
-            dv[0] = 0
-            for j in range(u.shape[0]):
-                put_repr(&d, u[j])
-                put(&d, ",", 1)
-                dv[j + 1] = d.n
             av[0] = 0
-            for g in range(iv.shape[0]):
-                j = iv[g]
-                put(&b, d.data + dv[j], dv[j + 1] - dv[j])
-                av[g + 1] = b.n
+            if direct:
+                _reserve(<void**>&b.data, &b.cap, 10 * n_gaps + 32, 1)
+                for g in range(n_gaps):  # (a run of equal gaps: the first one's text again)
+                    if g and u[g] == u[g - 1]:
+                        put(&b, b.data + av[g - 1], av[g] - av[g - 1])
+                    else:
+                        put_repr(&b, u[g])
+                        put(&b, ",", 1)
+                    av[g + 1] = b.n
+            else:
+                dv[0] = 0
+                for j in range(u.shape[0]):
+                    put_repr(&d, u[j])
+                    put(&d, ",", 1)
+                    dv[j + 1] = d.n
+                for g in range(n_gaps):
+                    j = iv[g]
+                    put(&b, d.data + dv[j], dv[j + 1] - dv[j])
+                    av[g + 1] = b.n
             self.text = b.data[:b.n] if b.n else b""
         finally:
             free(d.data)
@@ -548,6 +635,84 @@ cdef class LineWriter:
 
 
 # ---- the summary's token gaps ----------------------------------------------------------------
+def plain(const double[::1] values):
+    """True when no value is NaN or has its sign bit set (-0.0, which equals 0.0 but
+    prints apart): then equal values are the same bits and print alike."""
+    cdef Py_ssize_t i
+    cdef double x
+    for i in range(values.shape[0]):
+        x = values[i]
+        if isnan(x) or signbit(x):
+            return False
+    return True
+
+
+def weigh_micros(const double[::1] values, const long long[::1] starts,
+                 const long long[::1] lens):
+    """How many of the pieces values[s:s + n] ((s, n) of `starts`, `lens`) take each
+    value: (the distinct values taken, sorted; how many times each, as floats), or None
+    where a value is NaN or has its sign bit set (twin/record_table.py `weighed_gaps`).
+    The step gaps are whole microseconds (`np.round(..., 6)`: K / 10**6 for an integer
+    K): those below `_DENSE` microseconds are counted by K in an array, the others
+    (and any value that is not such a number) sorted by numpy."""
+    cdef Py_ssize_t m = values.shape[0], k, g, j, at = -1
+    cdef long long s, c = 0
+    cdef double x, kd, prev = 0.0
+    if starts.shape[0] != lens.shape[0]:
+        raise ValueError(f"{starts.shape[0]} starts for {lens.shape[0]} lengths")
+    edge = np.zeros(m + 1, dtype=np.int64)
+    cdef long long[::1] ev = edge
+    for k in range(starts.shape[0]):
+        s = starts[k]
+        if s < 0 or lens[k] < 0 or lens[k] > m - s:
+            raise ValueError(f"a piece {s}+{lens[k]} outside the {m} values")
+        ev[s] += 1
+        ev[s + lens[k]] -= 1
+    dense = np.zeros(_DENSE, dtype=float)
+    cdef double[::1] dv = dense
+    cdef F64s ov, ow  # the others: (value, weight) per element taken
+    ov.data = ow.data = NULL
+    ov.n = ov.cap = ow.n = ow.cap = 0
+    try:
+        for g in range(m):
+            x = values[g]
+            if isnan(x) or signbit(x):
+                return None
+            c += ev[g]
+            if c == 0:
+                continue
+            if at >= 0 and x == prev:  # (a run of equal gaps: the same microsecond)
+                dv[at] += <double>c
+                continue
+            kd = rint(x * 1e6)
+            if kd < _DENSE and kd / 1e6 == x:
+                at = <Py_ssize_t>kd
+                prev = x
+                dv[at] += <double>c
+            else:
+                at = -1
+                push_f(&ov, x)
+                push_f(&ow, <double>c)
+        nz = np.flatnonzero(dense)
+        u, w = nz / 1e6, dense[nz]  # (K / 10**6: the double np.round gave)
+        if ov.n:
+            o_v = np.empty(ov.n, dtype=float)
+            o_w = np.empty(ov.n, dtype=float)
+            for j in range(ov.n):
+                o_v[j] = ov.data[j]
+                o_w[j] = ow.data[j]
+            u, inv = np.unique(np.concatenate((u, o_v)), return_inverse=True)
+            w = np.bincount(inv, weights=np.concatenate((w, o_w)), minlength=len(u))
+        return u, w
+    finally:
+        free(ov.data)
+        free(ow.data)
+
+
+_DENSE = 1 << 20  # step gaps under ~1.05 s: counted by microsecond
+
+
+# ---- reading the gaps back ----------------------------------------------------------------
 cdef class Gather:
     """twin/record_table.py `_Pieces`: values[s:s + n] for each (s, n) of `starts`, `lens`,
     read in order, `take(k)` elements at a time, each a new array (copied piece by piece:

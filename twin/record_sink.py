@@ -205,7 +205,7 @@ class RecordSink:
         self._n_own += len(own_gaps)
         if self._weighed is not None:  # the summary's ITL counts, this chunk's share
             steps = ~own
-            part = weighed_gaps(plan.step_gaps, table._step_unique(), start[steps],
+            part = weighed_gaps(plan.step_gaps, table._step_unique, start[steps],
                                 plan.length[at][steps], own_gaps[-1 - start[own]])
             if part is None:
                 self._weighed = None

@@ -8,14 +8,14 @@ gives (tests/test_record_digests.py, tests/test_record_table.py).
 
 The speed comes from the token gaps: the gap between two consecutive decode steps is the
 same for every request in both, so the replica's step-end timeline is differenced,
-rounded and formatted once (each distinct value formatted once), and a request's `itl_s`
-is a join of slices of those strings; only the gaps at a request's own boundaries (its
+rounded and formatted once (compiled: each run of equal gaps formatted once; in Python,
+each distinct value), and a request's `itl_s` is a join of slices of those strings; only the gaps at a request's own boundaries (its
 prefill token, a return after a retraction) are computed per request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import NamedTuple
 
@@ -278,10 +278,14 @@ class RecordTable(Sequence):
         if tails is not None and len(tails) != len(self._reqs):
             raise ValueError(f"{len(tails)} tails for {len(self._reqs)} records")
         plan = self._plan()
-        uniq, inv = self._step_unique() if len(plan.step_gaps) else (np.empty(0),
-                                                                    np.empty(0, np.int64))
+        if not len(plan.step_gaps):
+            uniq, inv = np.empty(0), np.empty(0, np.int64)
+        elif _C.plain(plan.step_gaps):  # each gap formatted where it stands
+            uniq, inv = plan.step_gaps, None
+        else:  # written as `_strings` writes them: -0.0 as np.unique's 0.0
+            uniq, inv = self._step_unique()
         own = plan.own_gaps
-        if len(own):  # written as `_strings` writes them: -0.0 as np.unique's 0.0
+        if len(own) and not _C.plain(own):
             ou, oi = unique_inverse(own)
             own = ou[oi]
         writer = _C.LineWriter(self._reqs, plan.first, plan.start, plan.length, plan.n_out,
@@ -347,10 +351,17 @@ class RecordTable(Sequence):
             "preemptions": [r.preemptions for r in reqs], "lost_s": lost,
             "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
         at = row_pieces(plan.first, np.flatnonzero([s == "ok" for s in status]))
-        start = plan.start[at]
-        starts = np.where(start >= 0, start, n_step - 1 - start).tolist()
-        lens = plan.length[at].tolist()
-        itl = itl_stats(joined, starts, lens, self._step_unique() if n_step else None)
+        start, length = plan.start[at], plan.length[at]
+        steps = start >= 0
+        weighed = weighed_gaps(plan.step_gaps, self._step_unique, start[steps], length[steps],
+                               plan.own_gaps[-1 - start[~steps]])
+        if weighed is not None:  # (its step and boundary values, as one sorted set)
+            weighed = add_weighed([weighed])
+        starts = np.where(steps, start, n_step - 1 - start).tolist()
+        lens = length.tolist()
+        itl = itl_stats(joined, starts, lens,
+                        self._step_unique() if n_step and weighed is None else None,
+                        weighed=weighed)
         return summary_from_columns(cols, itl, slo, duration_s)
 
 
@@ -488,16 +499,24 @@ def _weighted_counts(values: np.ndarray, cover: _Cover, offset: int = 0,
     return u, np.bincount(inv, weights=np.concatenate(ws), minlength=len(u))
 
 
-def weighed_gaps(values: np.ndarray, uniq_inv: tuple[np.ndarray, np.ndarray] | None,
+def weighed_gaps(values: np.ndarray,
+                 uniq_inv: Callable[[], tuple[np.ndarray, np.ndarray]] | None,
                  starts: np.ndarray, lens: np.ndarray, own: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
     """The distinct token gaps of some pieces and how many times each is taken: step
-    pieces values[s:s + n] for each (s, n) of `starts`, `lens` (`uniq_inv`: `values`'
-    `unique_inverse`, known), and single gaps `own`. None where a gap is NaN or -0.0
-    (which equals 0.0 and prints apart): weights of such values cannot be added up by
-    value afterwards."""
-    if len(values) and len(starts):
-        u, inv = uniq_inv if uniq_inv is not None else unique_inverse(values)
+    pieces values[s:s + n] for each (s, n) of `starts`, `lens` (`uniq_inv`: a function
+    giving `values`' `unique_inverse`, where the caller keeps it), and single gaps `own`.
+    None where a gap is NaN or -0.0 (which equals 0.0 and prints apart): weights of such
+    values cannot be added up by value afterwards. Compiled, the step gaps are counted by
+    their whole microseconds (`weigh_micros`), without a sort."""
+    if len(values) and len(starts) and _C is not None:
+        got = _C.weigh_micros(values, np.ascontiguousarray(starts, dtype=np.int64),
+                              np.ascontiguousarray(lens, dtype=np.int64))
+        if got is None:
+            return None
+        u, w = got
+    elif len(values) and len(starts):
+        u, inv = uniq_inv() if uniq_inv is not None else unique_inverse(values)
         m = len(values)  # how many pieces take each step: pieces begun minus pieces ended
         ends = np.asarray(starts, dtype=np.int64) + lens
         cover = np.cumsum(np.bincount(starts, minlength=m + 1)[:m]
