@@ -17,6 +17,7 @@ from servetwin.args import (
     server_args_from,
     workload_from,
 )
+from twin.collector import paused
 from twin.config import derive_capacity
 from twin.errors import ConfigError, InfeasibleError
 from twin.inputs import COUNT, check
@@ -185,6 +186,14 @@ def run(ns: argparse.Namespace) -> int:
         from servetwin.cmd_fleet import run as run_fleet
 
         return run_fleet(ns, DEFAULT_WORKLOAD)
+    # the collector paused for the whole command: a run's cyclic garbage is a builder's
+    # few dozen objects, and each collection would walk the workload, the requests and
+    # their records again (docs/perf.md, sixteenth round)
+    with paused():
+        return _command(ns)
+
+
+def _command(ns: argparse.Namespace) -> int:
     args, gpu, calibrated = _deployment(ns)
     workload = workload_from(ns, DEFAULT_WORKLOAD)
     from servetwin.cmd_alerts import simulate_rules
