@@ -177,10 +177,16 @@ def test_interrupted_merge_leaves_the_old_file(tmp_path: Path, monkeypatch) -> N
             return real(*a)
         return call
 
-    monkeypatch.setattr(os, "pread", interrupting(os.pread))
-    monkeypatch.setattr(os, "write", interrupting(os.write))  # (short spans: gathered)
-    if hasattr(os, "copy_file_range"):
-        monkeypatch.setattr(os, "copy_file_range", interrupting(os.copy_file_range))
+    merge = rs.RecordSink._merge
+
+    def merging(self, *a):  # (the spill's own writes before it go through)
+        monkeypatch.setattr(os, "pread", interrupting(os.pread))
+        monkeypatch.setattr(os, "write", interrupting(os.write))  # (short spans: gathered)
+        if hasattr(os, "copy_file_range"):
+            monkeypatch.setattr(os, "copy_file_range", interrupting(os.copy_file_range))
+        return merge(self, *a)
+
+    monkeypatch.setattr(rs.RecordSink, "_merge", merging)
     with pytest.raises(KeyboardInterrupt):
         simulate(from_spec(SPEC, seed=2), CFG, out=tmp_path, record_chunk=5)
     assert old.read_text() == '{"old": true}\n'
@@ -295,3 +301,46 @@ def test_fleet_digest_holds_with_tiny_chunks(monkeypatch) -> None:
     monkeypatch.setitem(record_digests.RUNS, "fleet", [*RUNS["fleet"], "--record-chunk", "7"])
     got = run_digests("fleet")
     assert {f: got.get(f) for f in STORED["fleet"]} == STORED["fleet"]
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_the_spill_writes_the_bytes_it_is_given(tmp_path: Path, monkeypatch, refused) -> None:
+    """The spill's writer (twin/outputs.py `BlockWriter`: whole blocks around the page cache where the file
+    system takes O_DIRECT) leaves exactly the bytes written, in order, with `tell` at
+    each write's end; a file system that refuses O_DIRECT at the first write (EINVAL)
+    gets the same bytes through the page cache."""
+    import errno
+
+    import numpy as np
+
+    import twin.outputs as out
+    import twin.record_sink as rs
+
+    monkeypatch.setattr(out, "_STAGE", 3 * out._BLOCK)  # many drains, tails carried over
+    if refused:
+        write = os.write
+
+        def refusing(fd, data):
+            import fcntl
+
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return write(fd, data)
+
+        monkeypatch.setattr(os, "write", refusing)
+    spill = rs._unnamed_file(tmp_path)
+    rng = np.random.default_rng(5)
+    want = bytearray()
+    for size in [0, 1, 4095, 4096, 4097, 12288, 30000, 7, 1 << 14, 5]:
+        data = rng.integers(32, 127, size, dtype=np.uint8).tobytes()
+        spill.write(data)
+        want += data
+        assert spill.tell() == len(want)
+    spill.flush()
+    assert not spill.direct  # (read as usual from here on)
+    assert os.pread(spill.fileno(), len(want) + 10, 0) == bytes(want)
+    spill.write(b"more")
+    spill.flush()
+    assert os.pread(spill.fileno(), len(want) + 10, 0) == bytes(want) + b"more"
+    spill.close()
+    assert os.listdir(tmp_path) == []

@@ -276,7 +276,7 @@ def write_records(path: Path, records: Sequence[dict]) -> None:
     from twin.outputs import atomic_writer
 
     if hasattr(records, "blocks"):  # a RecordTable: its lines are formatted in bulk
-        with atomic_writer(path, binary=True) as fh:
+        with atomic_writer(path, binary=True, blocks=True) as fh:
             for data, _ in records.blocks():
                 fh.write(data)
         return

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
+from twin.outputs import BlockWriter
 from twin.record_table import (
     RecordTable,
     add_weighed,
@@ -360,10 +361,10 @@ class RecordSink:
         return add_weighed([part for w in mine.tolist() for part in self._weighed.get(w, ())])
 
 
-def _unnamed_file(where: Path):
+def _unnamed_file(where: Path) -> BlockWriter:
     """A read-write file in directory `where` with no name (O_TMPFILE, which `_publish`
-    can give a name; tempfile's own sets O_EXCL, which forbids that), or tempfile's
-    where the system has none."""
+    can give a name; tempfile's own sets O_EXCL, which forbids that), or one unlinked as
+    soon as made where the system has none; written by twin/outputs.py `BlockWriter`."""
     flag = getattr(os, "O_TMPFILE", 0)
     if flag:
         try:
@@ -371,8 +372,10 @@ def _unnamed_file(where: Path):
         except OSError:
             pass
         else:
-            return os.fdopen(fd, "w+b")
-    return tempfile.TemporaryFile(dir=where, prefix=".spill-")
+            return BlockWriter(fd)
+    fd, name = tempfile.mkstemp(dir=where, prefix=".spill-")
+    os.unlink(name)
+    return BlockWriter(fd)
 
 
 def _in_order(perm: np.ndarray) -> bool:
