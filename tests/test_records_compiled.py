@@ -152,6 +152,17 @@ def test_round_6_is_pythons_round(x: float) -> None:
     assert repr(got) == repr(want), x  # the sign of a zero and NaN included
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-2e9, 2e9),
+                 st.sampled_from(TIES), st.integers(-10**12, 10**12).map(lambda n: n / 1e4),
+                 st.integers(-10**12, 10**12).map(lambda n: (n + 0.5) / 1e4)),
+       st.integers(0, 7))
+def test_rounding_to_other_digits_is_pythons_round(x: float, digits: int) -> None:
+    """`round_to` at every number of digits (the typed core's samples round to 4 and 6)."""
+    got, want = COMPILED.round_digits(x, digits), round(x, digits)
+    assert repr(got) == repr(want), (x, digits)
+
+
 def test_round_6_on_every_tie_and_its_neighbours() -> None:
     """Exact halves of 1e-6 (x * 1e6 = N + 1/2 exactly: x = odd / 128) and the doubles
     beside them, where a rounding shortcut goes wrong."""

@@ -20,12 +20,13 @@ and handed to the replica's `finished` (a `RecordSink` or a list)."""
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.math cimport INFINITY, NAN, floor, isnan
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
+
+from twin._recordsc cimport round_to
 
 from twin._search cimport search_left
 
-import builtins
 import random
 from types import SimpleNamespace
 from heapq import heappop, heappush
@@ -41,7 +42,6 @@ from twin.views import head_key, prefix_path
 from twin.workload import BENCH_WARMUP_GAP_S
 
 _new = object.__new__
-_round = builtins.round  # Python's own rounding (the sample's columns)
 
 cdef long long BLOCK = _BLOCK
 cdef long long CLIP = CLIP_MAX_NEW_TOKENS
@@ -329,6 +329,21 @@ cdef enum:
     OTHER = 2
 
 
+cdef struct Slot:  # a memo block of decode step times (Core.block_at)
+    long long b, r, q
+    const double* data
+
+
+cdef struct PrefillSlot:  # a one-chunk prefill step's time (Core.prefill_time)
+    long long ext, done
+    double t
+
+
+cdef enum:
+    N_SLOTS = 4096  # memo blocks read from C (a power of two)
+    N_PF = 1 << 16  # one-chunk prefill steps (a power of two)
+
+
 cdef class Core:
     # the server
     cdef long long capacity, used, oom, max_running, max_prefill, chunk, max_req_input
@@ -389,9 +404,15 @@ cdef class Core:
     cdef object horizon_obj, stopped
     cdef dict prefill_memo, blocks  # the step-time memo's (twin/perf/step_cache.py)
     cdef double quiet
-    # the memo block the last decode run read: (b, r, q) and its steps
-    cdef long long lb, lr, lq
-    cdef double[::1] lbv
+    # the memo's blocks a decode run reads, by (b, r, q), in a direct-mapped table of
+    # N_SLOTS (the arrays kept alive by `slot_ref`); a run across two blocks is joined
+    # into `joined`
+    cdef Slot* slots
+    cdef list slot_ref
+    cdef double* joined
+    # prefill steps of one chunk (ext, computed): their memo in an open-addressed table
+    cdef PrefillSlot* pf
+    cdef Py_ssize_t pf_n
     cdef object cap
     cdef double now
     # a step or run planned and not yet slept through (`prefill_post`, `decode_post`)
@@ -445,7 +466,7 @@ cdef class Core:
         or with `fed` a fleet's replica, its requests submitted as the run goes (the
         columns grow; `rid_ranks`: hrrn's rank of every rid of the run).
         `order_kind`: how the queue is ordered (twin/core.py `order_kind`)."""
-        cdef Py_ssize_t i, n
+        cdef Py_ssize_t i, n, j
         cdef list at, sent, reqs
         self.fed = fed
         self.closed = columns is None and not fed
@@ -485,7 +506,17 @@ cdef class Core:
         self.prefill_memo = rep._cache._prefill
         self.blocks = rep._cache._blocks
         self.quiet = rep._cache.quiet
-        self.lb = -1
+        self.slots = <Slot*>calloc(N_SLOTS, sizeof(Slot))
+        self.pf = <PrefillSlot*>calloc(N_PF, sizeof(PrefillSlot))
+        self.joined = <double*>malloc(BLOCK * sizeof(double))
+        if self.slots == NULL or self.pf == NULL or self.joined == NULL:
+            raise MemoryError()
+        for j in range(N_SLOTS):
+            self.slots[j].b = -1
+        for j in range(N_PF):
+            self.pf[j].ext = -1
+        self.slot_ref = [None] * N_SLOTS
+        self.pf_n = 0
         self.stopped = stopped
         alloc = rep.alloc
         self.capacity, self.used, self.oom = alloc.capacity, alloc.used, alloc._oom
@@ -651,6 +682,54 @@ cdef class Core:
 
     def __dealloc__(self):
         free(self.scratch)
+        free(self.slots)
+        free(self.pf)
+        free(self.joined)
+
+    # ---- the step-time memo, read from C ---------------------------------------------
+    cdef const double* block_at(self, long long b, long long r, long long q) except? NULL:
+        """The memo's block (b, r, q) (twin/perf/step_cache.py `StepTimeCache._block`),
+        its BLOCK step times; NULL where the memo has none (beyond `quiet`)."""
+        cdef Py_ssize_t h = <Py_ssize_t>(((b * 40503) ^ (r * 2654435761) ^ (q * 97))
+                                         & (N_SLOTS - 1))
+        cdef Slot* sl = &self.slots[h]
+        cdef const double[::1] mv
+        if sl.b == b and sl.r == r and sl.q == q:
+            return sl.data
+        blk = self.blocks.get((b, r, q))
+        if blk is None:
+            blk = self.cache._block(b, r, q)
+            if blk is None:
+                return NULL
+        if blk.dtype != np.float64 or blk.shape[0] != BLOCK:
+            raise RuntimeError(f"the typed core: a memo block of {blk.shape[0]} "
+                               f"{blk.dtype} step times, {BLOCK} float64 expected")
+        mv = blk
+        self.slot_ref[h] = blk  # (kept alive here: the memo may clear itself)
+        sl.b, sl.r, sl.q, sl.data = b, r, q, &mv[0]
+        return sl.data
+
+    cdef double prefill_time(self, list chunks) except? -1.0:
+        """`StepTimeCache.prefill(chunks)`: a step of one chunk from the table here, else
+        from the memo (and then kept here while the table is under three quarters full)."""
+        cdef long long ext = 0, done = 0
+        cdef Py_ssize_t h = 0
+        cdef bint one = len(chunks) == 1
+        if one:
+            ext, done = chunks[0]
+            h = <Py_ssize_t>(((ext * 2654435761) ^ (done * 40503)) & (N_PF - 1))
+            while self.pf[h].ext >= 0:
+                if self.pf[h].ext == ext and self.pf[h].done == done:
+                    return self.pf[h].t
+                h = (h + 1) & (N_PF - 1)
+        key = tuple(chunks)
+        t = self.prefill_memo.get(key)
+        if t is None:
+            t = self.cache.prefill(chunks)
+        if one and ext >= 0 and self.pf_n < N_PF * 3 // 4:
+            self.pf[h].ext, self.pf[h].done, self.pf[h].t = ext, done, t
+            self.pf_n += 1
+        return t
 
     # ---- the timeline (Replica._add_ends) ---------------------------------------------
     cdef int tl_new(self) except -1:
@@ -1674,10 +1753,7 @@ cdef class Core:
                                            for j in range(self.n_run)])
             self.mixed_steps += 1
         else:
-            key = tuple(chunks)
-            t = self.prefill_memo.get(key)
-            if t is None:
-                t = self.cache.prefill(chunks)
+            t = self.prefill_time(chunks)
             self.prefill_steps += 1
         dur = <double>t + 0.0
         self.busy_s += dur
@@ -1765,6 +1841,8 @@ cdef class Core:
         cdef const double* tp
         cdef long long jj, rr, qq, off
         cdef double x
+        cdef const double* bp
+        cdef const double* bn
         self.scheduled_at = self.pass_at if self.overlap else NAN
         room = self.room()
         k_mem = room // b  # Python's floor division (cdivision off)
@@ -1805,17 +1883,10 @@ cdef class Core:
             rr = kv0 % b
             qq = jj // BLOCK
             off = jj % BLOCK
-            if not (b == self.lb and rr == self.lr and qq == self.lq):
-                self.lb = -1
-                blk = self.blocks.get((b, rr, qq))
-                if blk is None:
-                    blk = self.cache._block(b, rr, qq)
-                if blk is not None and blk.dtype == np.float64:
-                    self.lbv = blk
-                    self.lb, self.lr, self.lq = b, rr, qq
-            if self.lb >= 0:
+            bp = self.block_at(b, rr, qq)
+            if bp != NULL:
                 if k > 1:
-                    x = (limit - now) / self.lbv[off]
+                    x = (limit - now) / bp[off]
                     if -4.0e18 < x < 4.0e18:
                         bound = <long long>x + 1
                     else:
@@ -1823,8 +1894,16 @@ cdef class Core:
                     if bound < k:
                         k = bound
                 if off + k <= BLOCK:
-                    tp = &self.lbv[off]
+                    tp = bp + off
                     n = k
+                elif k <= BLOCK:  # StepTimeCache.decode: the two blocks' steps joined
+                    bn = self.block_at(b, rr, qq + 1)
+                    if bn != NULL:
+                        memcpy(self.joined, bp + off, (BLOCK - off) * sizeof(double))
+                        memcpy(self.joined + (BLOCK - off), bn,
+                               (off + k - BLOCK) * sizeof(double))
+                        tp = self.joined
+                        n = k
             if tp == NULL:
                 times = self.cache.run(b, kv0, k, limit - now)
                 k = len(times)
@@ -1939,10 +2018,10 @@ cdef class Core:
         cdef object t = now
         if self.now_int:  # SimPy's clock starts as the int 0
             t = 0
-        self.series.append((_round(t, 6), self.n_run, self.w_len, self.used, self.used,
-                            self.capacity - self.used,
+        self.series.append((0 if self.now_int else round_to(now, 6), self.n_run,
+                            self.w_len, self.used, self.used, self.capacity - self.used,
                             self.tree.total_tokens if self.has_tree else 0,
-                            _round(self.ratio, 4), 0.0, 0.0))
+                            round_to(self.ratio, 4), 0.0, 0.0))
         self.next_sample = (floor(now / self.every) + 1.0) * self.every
         if self.progress is not None:
             self.progress(len(self.finished), t)

@@ -346,17 +346,21 @@ def window(list reqs):
 
 
 # ---- rounded times -----------------------------------------------------------------------
-cdef double round6(double x) except? -1.0:
-    """round(x, 6), exactly as Python's `float.__round__` gives it: the integer N nearest
-    |x| * 10**6 (ties to even), from the product and its exact error (fma), then N / 10**6
-    with x's sign: IEEE division rounds it correctly, as `float.__round__`'s strtod of
-    "Ne-6" does, and round half to even is symmetric. NaN, infinities and |x| >= 1e9 go
-    to Python's round itself."""
-    cdef double ax = fabs(x), p, e, lo, a, n
-    if not (ax < 1e9):
-        return _round(x, 6)
-    p = ax * 1e6  # < 2**50: its ulp is at most 1/4
-    e = fma(ax, 1e6, -p)  # ax * 1e6 == p + e exactly, |e| <= ulp(p) / 2 <= 1/8
+cdef double[7] _TENS = [1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0]
+
+
+cdef double round_to(double x, int digits) except? -1.0:
+    """round(x, digits) for digits 0..6, exactly as Python's `float.__round__` gives it:
+    the integer N nearest |x| * 10**digits (ties to even), from the product and its exact
+    error (fma), then N / 10**digits with x's sign: IEEE division rounds it correctly, as
+    `float.__round__`'s strtod of "Ne-digits" does, and round half to even is symmetric.
+    NaN, infinities, |x| >= 1e9 and other digits go to Python's round itself."""
+    cdef double ax = fabs(x), p, e, lo, a, n, scale
+    if not (ax < 1e9) or digits < 0 or digits > 6:
+        return _round(x, digits)
+    scale = _TENS[digits]
+    p = ax * scale  # < 2**50: its ulp is at most 1/4
+    e = fma(ax, scale, -p)  # ax * scale == p + e exactly, |e| <= ulp(p) / 2 <= 1/8
     lo = floor(p)
     # p - lo is exact (Sterbenz, or lo == 0); so is its difference with 1/2 from 1/4 up, and
     # below 1/4 that difference is under -1/4 whatever its rounding: adding e cannot turn it.
@@ -366,7 +370,16 @@ cdef double round6(double x) except? -1.0:
         n = lo + 1
     else:
         n = lo
-    return copysign(n / 1e6, x)
+    return copysign(n / scale, x)
+
+
+cdef inline double round6(double x) except? -1.0:
+    return round_to(x, 6)
+
+
+def round_digits(double x, int digits):
+    """`round_to` to Python (tests/test_records_compiled.py compares it with round)."""
+    return round_to(x, digits)
 
 
 cdef inline object _r(double x):
