@@ -310,3 +310,18 @@ def test_microsecond_numbers_are_written_as_repr_writes_them(x: float) -> None:
     assert got is None or got.decode() == repr(x)
     if got is None and x == x and 1e-4 <= abs(x) < 2**27 and round(x, 6) == x:
         raise AssertionError(f"{x!r}: a microsecond number not written by put_micros")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_nan=True, allow_infinity=True),
+                          st.integers(-2**70, 2**70), st.booleans(), st.none(),
+                          st.floats(-1e6, 1e6).map(np.float64),
+                          st.text(st.characters(blacklist_characters="\n"), max_size=4)),
+                max_size=20))
+def test_timeseries_rows_are_written_as_str_writes_them(rows: list) -> None:
+    """timeseries.csv's compiled writer (`csv_block`) gives `",".join(map(str, row))`
+    for any field type (floats, ints beyond 64 bits, bools, None, numpy floats, text)."""
+    want = "".join(",".join(map(str, row)) + "\n" for row in rows).encode()
+    assert COMPILED.csv_block(rows, 0, len(rows)) == want
+    if rows:
+        assert COMPILED.csv_block(rows, 1, len(rows)) == want[want.index(b"\n") + 1:]

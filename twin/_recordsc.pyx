@@ -771,3 +771,35 @@ cdef class Gather:
                 self.piece += 1
                 self.pos = 0
         return out
+
+
+# ---- timeseries.csv --------------------------------------------------------------------------
+def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1):
+    """`"".join(",".join(map(str, row)) + "\\n" for row in rows[i0:i1])`, UTF-8 encoded:
+    floats by repr (which str is), ints as digits, anything else by its own str."""
+    cdef Buf b
+    cdef Py_ssize_t i, j, m
+    cdef tuple row
+    if not 0 <= i0 <= i1 <= len(rows):
+        raise IndexError(f"rows {i0}..{i1} of {len(rows)}")
+    b.data = NULL
+    b.n = b.cap = 0
+    try:
+        for i in range(i0, i1):
+            row = tuple(rows[i])
+            m = len(row)
+            for j in range(m):
+                if j:
+                    put(&b, ",", 1)
+                x = row[j]
+                if type(x) is float:
+                    put_repr(&b, <double>x)
+                elif type(x) is int:
+                    put_int(&b, x)
+                else:
+                    s = str(x).encode()
+                    put(&b, s, len(s))
+            put(&b, "\n", 1)
+        return b.data[:b.n] if b.n else b""
+    finally:
+        free(b.data)

@@ -151,10 +151,23 @@ class SimResult:
         if not (done is not None and path.exists() and path.samefile(done)):
             write_records(path, self.records)  # (a streamed run wrote its own already)
         atomic_write_text(out / "summary.json", json.dumps(self.summary, indent=2) + "\n")
-        with atomic_writer(out / "timeseries.csv") as fh:
-            fh.write(",".join(SERIES_FIELDS) + "\n")
-            for row in self.series:
-                fh.write(",".join(map(str, row)) + "\n")
+        write_series(out / "timeseries.csv", self.series)
+
+
+def write_series(path: Path, series: list) -> None:
+    """timeseries.csv: the header, then each sample's fields as `str` writes them (the
+    compiled records writer's `csv_block` where it is built: the same bytes)."""
+    from twin.record_table import _C
+
+    with atomic_writer(path, binary=True) as fh:
+        fh.write((",".join(SERIES_FIELDS) + "\n").encode())
+        for i in range(0, len(series), 8192):
+            j = min(i + 8192, len(series))
+            if _C is not None:
+                fh.write(_C.csv_block(series, i, j))
+            else:
+                fh.write("".join(",".join(map(str, row)) + "\n"
+                                 for row in series[i:j]).encode())
 
 
 def choose_backend(cfg: SimConfig, cap: Capacity) -> str:
