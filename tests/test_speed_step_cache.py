@@ -126,3 +126,26 @@ def test_a_shared_memo_goes_with_its_backend():
     del st
     gc.collect()
     assert gone() is None  # nothing module-level keeps a backend (or its memo) alive
+
+
+@pytest.mark.parametrize("gpu,overlap", [("a100-sxm-80gb", False), ("a100-sxm-80gb", True),
+                                         ("h100-sxm-80gb", True)])
+def test_the_typed_cores_decode_kernel_is_the_backends_decode_times(gpu, overlap):
+    """The typed core computes opdb's decode steps itself (twin/_corec.pyx `Kernel`,
+    np.interp and np.maximum replayed): the backend's own floats, bit for bit, for
+    tabulated and in-between batch sizes, batches beyond the table, and KV lengths
+    below, inside and beyond the measured range."""
+    core = pytest.importorskip("twin._corec", reason="the typed core is not built")
+    cap = derive_capacity(ARGS, gpu)
+    st = make_step_time("opdb", cap, ARGS)
+    st = OverlapStepTime(st) if overlap else st
+    rng = np.random.default_rng(1)
+    for b in [1, 2, 3, 7, 8, 9, 31, 64, 100, 257, 1000, *rng.integers(1, 2000, 40).tolist()]:
+        kern = core.decode_kernel(st, b)
+        assert kern is not None
+        xp = st.inner.ds if overlap else st.ds
+        kv = np.concatenate([rng.integers(0, b * int(xp[-1]) * 2, 2000),
+                             (xp.astype(np.int64) * b)[:50], [0, 1, b, b * 2**20]])
+        want = st.decode_times(b, kv)
+        assert kern.times(b, kv).tobytes() == want.tobytes(), b
+    assert core.decode_kernel(make_step_time("roofline", cap, ARGS), 4) is None

@@ -344,6 +344,86 @@ cdef enum:
     N_PF = 1 << 16  # one-chunk prefill steps (a power of two)
 
 
+cdef class Kernel:
+    """A decode batch size's step times as numbers (a backend's `decode_kernel`: opdb's,
+    under the overlap loop's wrapper or not): t(kv) = c + interp(kv / b, xp, fp), then
+    max(t - oh, oh) with an overhead; np.interp and np.maximum replayed exactly."""
+
+    cdef double c, oh
+    cdef bint has_oh
+    cdef const double[::1] xp
+    cdef const double[::1] fp
+    cdef Py_ssize_t n
+
+    def __init__(self, tuple got):
+        xp = np.ascontiguousarray(got[1], dtype=np.float64)
+        fp = np.ascontiguousarray(got[2], dtype=np.float64)
+        if xp.ndim != 1 or xp.shape != fp.shape or len(xp) < 2 \
+                or not bool(np.all(np.diff(xp) > 0)):
+            raise ValueError("a decode kernel needs two or more increasing points")
+        self.c = got[0]
+        self.xp, self.fp, self.n = xp, fp, len(xp)
+        self.has_oh = len(got) == 4
+        self.oh = got[3] if self.has_oh else 0.0
+
+    cdef double at(self, double x) noexcept:
+        """c + np.interp(x, xp, fp) (numpy's arr_interp, left and right the end values),
+        then the overhead's np.maximum."""
+        cdef const double* dx = &self.xp[0]
+        cdef const double* dy = &self.fp[0]
+        cdef Py_ssize_t lo = 0, hi = self.n - 1, mid
+        cdef double r, slope
+        if isnan(x):
+            r = x
+        elif x < dx[0]:
+            r = dy[0]
+        elif x >= dx[hi]:
+            r = dy[hi]
+        else:
+            while hi - lo > 1:  # dx[lo] <= x < dx[hi]
+                mid = (lo + hi) >> 1
+                if x < dx[mid]:
+                    hi = mid
+                else:
+                    lo = mid
+            if dx[lo] == x:
+                r = dy[lo]
+            else:
+                slope = (dy[lo + 1] - dy[lo]) / (dx[lo + 1] - dx[lo])
+                r = slope * (x - dx[lo]) + dy[lo]
+                if isnan(r):
+                    r = slope * (x - dx[lo + 1]) + dy[lo + 1]
+                    if isnan(r) and dy[lo] == dy[lo + 1]:
+                        r = dy[lo]
+        r = self.c + r
+        if self.has_oh:
+            r = r - self.oh
+            if not (r >= self.oh or isnan(r)):
+                r = self.oh
+        return r
+
+    def times(self, long long b, kv_sums):
+        """decode_times(b, kv_sums) by this kernel (tests compare it with the backend)."""
+        kv = np.ascontiguousarray(kv_sums, dtype=np.float64)
+        out = np.empty(len(kv))
+        cdef const double[::1] kvv = kv
+        cdef double[::1] ov = out
+        cdef Py_ssize_t j
+        for j in range(kvv.shape[0]):
+            ov[j] = self.at(kvv[j] / <double>b)
+        return out
+
+
+_NO_KERNEL = object()  # (not yet asked)
+
+
+def decode_kernel(st, long long b):
+    """`st`'s decode kernel for batch b as the typed core uses it (a `Kernel`), or None."""
+    get = getattr(st, "decode_kernel", None)
+    got = get(b) if get is not None else None
+    return None if got is None else Kernel(tuple(got))
+
+
 cdef class Core:
     # the server
     cdef long long capacity, used, oom, max_running, max_prefill, chunk, max_req_input
@@ -409,6 +489,11 @@ cdef class Core:
     # into `joined`
     cdef Slot* slots
     cdef list slot_ref
+    # blocks computed here from the backend's decode kernels (by batch size; None: the
+    # backend has none, the memo's Python blocks are read), each in its slot's storage
+    cdef dict kernels
+    cdef bint kernel_ok
+    cdef double* kstore
     cdef double* joined
     # prefill steps of one chunk (ext, computed): their memo in an open-addressed table
     cdef PrefillSlot* pf
@@ -516,6 +601,12 @@ cdef class Core:
         for j in range(N_PF):
             self.pf[j].ext = -1
         self.slot_ref = [None] * N_SLOTS
+        self.kernels = {}
+        self.kernel_ok = getattr(self.cache.st, "decode_kernel", None) is not None
+        self.kstore = <double*>malloc(N_SLOTS * BLOCK * sizeof(double)) if self.kernel_ok \
+            else NULL
+        if self.kernel_ok and self.kstore == NULL:
+            raise MemoryError()
         self.pf_n = 0
         self.stopped = stopped
         alloc = rep.alloc
@@ -685,6 +776,7 @@ cdef class Core:
         free(self.slots)
         free(self.pf)
         free(self.joined)
+        free(self.kstore)
 
     # ---- the step-time memo, read from C ---------------------------------------------
     cdef const double* block_at(self, long long b, long long r, long long q) except? NULL:
@@ -694,8 +786,27 @@ cdef class Core:
                                          & (N_SLOTS - 1))
         cdef Slot* sl = &self.slots[h]
         cdef const double[::1] mv
+        cdef Kernel kn
+        cdef long long start
+        cdef double* out
+        cdef Py_ssize_t j
         if sl.b == b and sl.r == r and sl.q == q:
             return sl.data
+        if self.kernel_ok:  # computed here, as StepTimeCache._block would ask the backend
+            got = self.kernels.get(b, _NO_KERNEL)
+            if got is _NO_KERNEL:
+                got = self.kernels[b] = decode_kernel(self.cache.st, b)
+            if got is not None:
+                kn = <Kernel>got
+                start = r + b * q * BLOCK
+                if <double>(start + b * (BLOCK - 1)) / <double>b > self.quiet:
+                    return NULL
+                out = self.kstore + h * BLOCK
+                for j in range(BLOCK):
+                    out[j] = kn.at(<double>(start + b * j) / <double>b)
+                self.slot_ref[h] = None
+                sl.b, sl.r, sl.q, sl.data = b, r, q, out
+                return out
         blk = self.blocks.get((b, r, q))
         if blk is None:
             blk = self.cache._block(b, r, q)

@@ -46,6 +46,16 @@ class OverlapStepTime:
             oh = self._decode_oh[b] = self.inner.breakdown([], [1] * b)["overhead"]
         return oh
 
+    def decode_kernel(self, b: int) -> tuple | None:
+        """The inner model's `decode_kernel` (c, xp, fp) and this wrapper's overhead oh:
+        `decode_times(b, kv) == np.maximum(c + np.interp(kv / b, xp, fp) - oh, oh)`;
+        None where the inner model has none (asked in `decode_times`' order)."""
+        get = getattr(self.inner, "decode_kernel", None)
+        got = get(b) if get is not None else None
+        if got is None or len(got) != 3:
+            return None
+        return (*got, self._overhead_decode(b))
+
     def step_time(self, prefill_chunks: Sequence[PrefillChunk],
                   decode_kv_lens: Sequence[int]) -> float:
         total = self.inner.step_time(prefill_chunks, decode_kv_lens)

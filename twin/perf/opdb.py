@@ -340,6 +340,15 @@ class OpdbStepTime:
             self._warned.add(key)
             log.warning("opdb (%s): %s", self.capacity.model.name, message)
 
+    def decode_kernel(self, b: int) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """`decode_times(b, ...)` as numbers compiled code can evaluate: (c, xp, fp) with
+        `decode_times(b, kv) == c + np.interp(kv / b, xp, fp)` element by element, bit
+        for bit (twin/_corec.pyx `Kernel`, which replays np.interp); None for b < 1."""
+        if b < 1:
+            return None
+        const, row = self._decode_parts(b)
+        return float(const), self.ds, row
+
     # -- the contract ---------------------------------------------------------------
     def decode_times(self, batch_size: int, kv_sums: np.ndarray) -> np.ndarray:
         kv = np.asarray(kv_sums, dtype=float)
