@@ -332,6 +332,7 @@ cdef enum:
 cdef struct Slot:  # a memo block of decode step times (Core.block_at)
     long long b, r, q
     const double* data
+    Py_ssize_t lo, hi  # the steps there
 
 
 cdef struct PrefillSlot:  # a one-chunk prefill step's time (Core.prefill_time)
@@ -779,18 +780,33 @@ cdef class Core:
         free(self.kstore)
 
     # ---- the step-time memo, read from C ---------------------------------------------
-    cdef const double* block_at(self, long long b, long long r, long long q) except? NULL:
+    cdef const double* block_at(self, long long b, long long r, long long q,
+                                Py_ssize_t lo, Py_ssize_t hi) except? NULL:
         """The memo's block (b, r, q) (twin/perf/step_cache.py `StepTimeCache._block`),
-        its BLOCK step times; NULL where the memo has none (beyond `quiet`)."""
+        BLOCK step times of which at least [lo, hi) are there (a block computed here
+        from a decode kernel is filled as runs read it: one range grown at either end);
+        NULL where the memo has none (beyond `quiet`)."""
         cdef Py_ssize_t h = <Py_ssize_t>(((b * 40503) ^ (r * 2654435761) ^ (q * 97))
                                          & (N_SLOTS - 1))
         cdef Slot* sl = &self.slots[h]
         cdef const double[::1] mv
         cdef Kernel kn
-        cdef long long start
+        cdef long long start = r + b * q * BLOCK
         cdef double* out
         cdef Py_ssize_t j
         if sl.b == b and sl.r == r and sl.q == q:
+            if sl.lo <= lo and hi <= sl.hi:
+                return sl.data
+            kn = <Kernel>self.kernels[b]  # (a Python block is whole: only these grow)
+            out = self.kstore + h * BLOCK
+            for j in range(lo, sl.lo):
+                out[j] = kn.at(<double>(start + b * j) / <double>b)
+            for j in range(sl.hi, hi):
+                out[j] = kn.at(<double>(start + b * j) / <double>b)
+            if lo < sl.lo:
+                sl.lo = lo
+            if hi > sl.hi:
+                sl.hi = hi
             return sl.data
         if self.kernel_ok:  # computed here, as StepTimeCache._block would ask the backend
             got = self.kernels.get(b, _NO_KERNEL)
@@ -798,14 +814,13 @@ cdef class Core:
                 got = self.kernels[b] = decode_kernel(self.cache.st, b)
             if got is not None:
                 kn = <Kernel>got
-                start = r + b * q * BLOCK
                 if <double>(start + b * (BLOCK - 1)) / <double>b > self.quiet:
                     return NULL
                 out = self.kstore + h * BLOCK
-                for j in range(BLOCK):
+                for j in range(lo, hi):
                     out[j] = kn.at(<double>(start + b * j) / <double>b)
                 self.slot_ref[h] = None
-                sl.b, sl.r, sl.q, sl.data = b, r, q, out
+                sl.b, sl.r, sl.q, sl.data, sl.lo, sl.hi = b, r, q, out, lo, hi
                 return out
         blk = self.blocks.get((b, r, q))
         if blk is None:
@@ -817,7 +832,7 @@ cdef class Core:
                                f"{blk.dtype} step times, {BLOCK} float64 expected")
         mv = blk
         self.slot_ref[h] = blk  # (kept alive here: the memo may clear itself)
-        sl.b, sl.r, sl.q, sl.data = b, r, q, &mv[0]
+        sl.b, sl.r, sl.q, sl.data, sl.lo, sl.hi = b, r, q, &mv[0], 0, BLOCK
         return sl.data
 
     cdef double prefill_time(self, list chunks) except? -1.0:
@@ -1994,7 +2009,7 @@ cdef class Core:
             rr = kv0 % b
             qq = jj // BLOCK
             off = jj % BLOCK
-            bp = self.block_at(b, rr, qq)
+            bp = self.block_at(b, rr, qq, off, off + 1)
             if bp != NULL:
                 if k > 1:
                     x = (limit - now) / bp[off]
@@ -2005,12 +2020,13 @@ cdef class Core:
                     if bound < k:
                         k = bound
                 if off + k <= BLOCK:
-                    tp = bp + off
+                    tp = self.block_at(b, rr, qq, off, off + k) + off
                     n = k
                 elif k <= BLOCK:  # StepTimeCache.decode: the two blocks' steps joined
-                    bn = self.block_at(b, rr, qq + 1)
+                    bp = self.block_at(b, rr, qq, off, BLOCK)
+                    memcpy(self.joined, bp + off, (BLOCK - off) * sizeof(double))
+                    bn = self.block_at(b, rr, qq + 1, 0, off + k - BLOCK)
                     if bn != NULL:
-                        memcpy(self.joined, bp + off, (BLOCK - off) * sizeof(double))
                         memcpy(self.joined + (BLOCK - off), bn,
                                (off + k - BLOCK) * sizeof(double))
                         tp = self.joined
