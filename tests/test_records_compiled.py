@@ -316,7 +316,8 @@ def test_microsecond_numbers_are_written_as_repr_writes_them(x: float) -> None:
 @given(st.lists(st.tuples(st.floats(allow_nan=True, allow_infinity=True),
                           st.integers(-2**70, 2**70), st.booleans(), st.none(),
                           st.floats(-1e6, 1e6).map(np.float64),
-                          st.text(st.characters(blacklist_characters="\n"), max_size=4)),
+                          st.text(st.characters(blacklist_categories=("Cs",),
+                                                blacklist_characters="\n"), max_size=4)),
                 max_size=20))
 def test_timeseries_rows_are_written_as_str_writes_them(rows: list) -> None:
     """timeseries.csv's compiled writer (`csv_block`) gives `",".join(map(str, row))`
@@ -325,3 +326,60 @@ def test_timeseries_rows_are_written_as_str_writes_them(rows: list) -> None:
     assert COMPILED.csv_block(rows, 0, len(rows)) == want
     if rows:
         assert COMPILED.csv_block(rows, 1, len(rows)) == want[want.index(b"\n") + 1:]
+
+
+def _fits(r) -> bool:
+    """Whether `request_columns` can hold a request's fields (else it declines)."""
+    def num(v, none_ok):
+        return (v is None and none_ok) or (type(v) in (int, float) and v == v
+                                           and abs(v) < 2**63)
+    ints = (r.index, r.prompt_tokens, r.cached_tokens, r.priority, r.retractions,
+            r.preemptions)
+    return (r.status in ("ok", "rejected", "aborted", "failed")
+            and all(type(v) is int and -2**63 <= v < 2**63 for v in ints)
+            and num(r.arrival_s, False) and num(r.queued_s, False) and num(r.lost_s, False)
+            and num(r.first_token_s, True) and num(r.finish_s, True)
+            and type(r.ignore_eos) is bool and type(r.moved_bytes) is float
+            and abs(r.moved_bytes) < 4e18)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests(), st.booleans())
+def test_a_chunks_columns_are_its_requests_fields(drawn, plain: bool) -> None:
+    """`request_columns` (one compiled pass) holds exactly what the attributes say, or
+    declines (None) where a field does not fit its column: then the sink reads the
+    attributes one by one, as before. `plain`: fields as a run makes them (they fit)."""
+    reqs, _ = drawn
+    if plain:
+        for r in reqs:
+            for name in ("prompt_tokens", "cached_tokens", "priority", "retractions",
+                         "preemptions"):
+                setattr(r, name, int(getattr(r, name)) % 10**6)
+            r.moved_bytes = float(r.moved_bytes % 1e15)
+            r.ignore_eos = bool(r.ignore_eos)
+            for name in ("arrival_s", "queued_s", "lost_s", "first_token_s", "finish_s"):
+                v = getattr(r, name)
+                if v is not None and not 0 <= v < 1e9:  # NaN, infinities
+                    setattr(r, name, 1.5)
+        assert all(_fits(r) for r in reqs)
+    cols = record_table.request_columns(reqs)
+    if not all(_fits(r) for r in reqs):
+        assert cols is None
+        return
+    assert cols is not None
+    for i, r in enumerate(reqs):
+        assert cols.arrival[i] == r.arrival_s and cols.index[i] == r.index
+        assert ("ok", "rejected", "aborted", "failed")[cols.status[i]] == r.status
+        assert [cols.prompt[i], cols.cached[i], cols.priority[i], cols.retractions[i],
+                cols.preemptions[i], cols.moved[i]] == [
+            r.prompt_tokens, r.cached_tokens, r.priority, r.retractions, r.preemptions,
+            round(r.moved_bytes)]
+        assert bool(cols.ignore_eos[i]) is r.ignore_eos
+        assert bool(cols.admitted[i]) is (r.first_admit_s is not None)
+        for col, v in ((cols.first_token, r.first_token_s), (cols.finish, r.finish_s),
+                       (cols.queued, r.queued_s), (cols.lost, r.lost_s)):
+            assert (np.isnan(col[i]) and v is None) or col[i] == v
+        assert cols.rids[i] is r.rid and cols.errors[i] is r.error
+    order = list(range(len(reqs)))[::-1]
+    taken = cols.take(order)
+    assert taken.rids == cols.rids[::-1] and (taken.index == cols.index[::-1]).all()

@@ -17,7 +17,7 @@ Built from Cython's PyPI wheel as an optional extension (setup.py): without a C
 compiler the install succeeds and the Python code runs (twin/record_table.py says why).
 """
 
-from libc.math cimport copysign, fabs, floor, fma, fmod, isinf, isnan, rint, signbit
+from libc.math cimport NAN, copysign, fabs, floor, fma, fmod, isinf, isnan, rint, signbit
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, strlen
 
@@ -499,6 +499,10 @@ cdef class LineWriter:
     cdef tuple times
     cdef bytes text  # every step gap's repr and a comma, in the timeline's order
     cdef const long long[::1] text_at  # where step gap g's text starts (and ends: g + 1)
+    cdef Buf out  # a block's lines, kept from block to block (no fresh pages each time)
+
+    def __dealloc__(self):
+        free(self.out.data)
 
     def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own):
         """`uniq`, `inv`: the distinct step gaps and each step gap's index among them
@@ -557,9 +561,11 @@ cdef class LineWriter:
         self.reqs, self.times = rs, tm
         self.first, self.start, self.length, self.n_out, self.own = f1, s1, l1, n1, o1
 
-    def block(self, Py_ssize_t i0, Py_ssize_t i1, tails=None):
+    def block(self, Py_ssize_t i0, Py_ssize_t i1, tails=None, into=None):
         """(the lines of requests i0..i1-1, each with its newline; their byte lengths).
-        `tails`: per request (from i0), bytes that end its object (a fleet's fields)."""
+        `tails`: per request (from i0), bytes that end its object (a fleet's fields);
+        `into`: a file-like object whose `write` takes the lines' bytes instead (a view
+        of the writer's own buffer: no bytes object made), the first item then None."""
         cdef Buf b
         cdef Py_ssize_t i, k, g, s, e, line0
         cdef list tl
@@ -579,8 +585,10 @@ cdef class LineWriter:
         arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c = self.times
         sizes = np.empty(i1 - i0, dtype=np.int64)
         cdef long long[::1] sv = sizes
-        b.data = NULL
-        b.n = b.cap = 0
+        b = self.out  # (its memory: taken back below, however the block ends)
+        self.out.data = NULL
+        self.out.n = self.out.cap = 0
+        b.n = 0
         try:
             for i in range(i0, i1):
                 r = reqs[i]
@@ -642,9 +650,16 @@ cdef class LineWriter:
                     put(&b, tail, len(tail))
                 put(&b, "}\n", 2)
                 sv[i - i0] = b.n - line0
-            return (b.data[:b.n] if b.n else b""), sizes
+            if into is None:
+                return (b.data[:b.n] if b.n else b""), sizes
+            if b.n:
+                into.write(<unsigned char[:b.n]><unsigned char*>b.data)
+            return None, sizes
         finally:
-            free(b.data)
+            if self.out.data != NULL:  # (a block formatted meanwhile, by `into.write`)
+                free(b.data)
+            else:
+                self.out = b
 
 
 # ---- the summary's token gaps ----------------------------------------------------------------
@@ -803,3 +818,91 @@ def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1):
         return b.data[:b.n] if b.n else b""
     finally:
         free(b.data)
+
+
+# ---- a chunk's columns -----------------------------------------------------------------------
+cdef inline bint _f(object v, double* out, bint none_ok):
+    """v as a double into `out` (None: NaN where `none_ok`); False where the columns
+    cannot hold it (another type, or a NaN that would read as None)."""
+    cdef double d
+    if v is None:
+        if not none_ok:
+            return False
+        out[0] = NAN
+        return True
+    if type(v) is float:
+        d = v
+    elif type(v) is int:
+        try:
+            d = v
+        except OverflowError:
+            return False
+    else:
+        return False
+    if isnan(d):
+        return False
+    out[0] = d
+    return True
+
+
+cdef inline bint _i(object v, long long* out):
+    cdef int overflow = 0
+    if type(v) is not int:
+        return False
+    out[0] = PyLong_AsLongLongAndOverflow(v, &overflow)
+    return not overflow
+
+
+def columns(list reqs_, dict codes):
+    """twin/record_table.py `request_columns`: each request's fields the records read, as
+    columns, in one pass (`codes`: status -> its code); None where one does not fit them
+    (a numpy integer, an int beyond 64 bits, a NaN time, an unknown status): the caller
+    then reads the requests' attributes as before."""
+    cdef tuple reqs = tuple(reqs_)
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef double m
+    arrival = np.empty(n)
+    first = np.empty(n)
+    finish = np.empty(n)
+    queued = np.empty(n)
+    lost = np.empty(n)
+    ints = np.empty((7, n), dtype=np.int64)  # index prompt cached priority retr. preempt. moved
+    flags = np.empty((3, n), dtype=np.int8)  # status code, ignore_eos, admitted
+    cdef double[::1] av = arrival, fv = first, ev = finish, qv = queued, lv = lost
+    cdef long long[:, ::1] iv = ints
+    cdef signed char[:, ::1] gv = flags
+    cdef list rids = [], errors = []
+    for i in range(n):
+        r = reqs[i]
+        code = codes.get(r.status)
+        if code is None:
+            return None
+        gv[0, i] = <signed char><int>code
+        mb = r.moved_bytes
+        if type(mb) is float:
+            m = mb
+            if not (fabs(m) < 4.0e18):
+                return None
+            iv[6, i] = <long long>rint(m)  # round(m): half to even, as rint
+        elif not _i(mb, &iv[6, i]):
+            return None
+        if not (_f(r.arrival_s, &av[i], False) and _f(r.first_token_s, &fv[i], True)
+                and _f(r.finish_s, &ev[i], True) and _f(r.queued_s, &qv[i], False)
+                and _f(r.lost_s, &lv[i], False) and _i(r.index, &iv[0, i])
+                and _i(r.prompt_tokens, &iv[1, i]) and _i(r.cached_tokens, &iv[2, i])
+                and _i(r.priority, &iv[3, i]) and _i(r.retractions, &iv[4, i])
+                and _i(r.preemptions, &iv[5, i])):
+            return None
+        eos = r.ignore_eos
+        if eos is True:
+            gv[1, i] = 1
+        elif eos is False:
+            gv[1, i] = 0
+        else:
+            return None
+        gv[2, i] = r.first_admit_s is not None
+        rids.append(r.rid)
+        errors.append(r.error)
+    return (arrival, ints[0], flags[0], ints[1], ints[2], ints[3], ints[4], ints[5],
+            ints[6], flags[1].astype(bool), first, finish, queued, lost,
+            flags[2].astype(bool), rids, errors)

@@ -277,8 +277,9 @@ def write_records(path: Path, records: Sequence[dict]) -> None:
 
     if hasattr(records, "blocks"):  # a RecordTable: its lines are formatted in bulk
         with atomic_writer(path, binary=True, blocks=True) as fh:
-            for data, _ in records.blocks():
-                fh.write(data)
+            for data, _ in records.blocks(into=fh):
+                if data is not None:  # (the Python writer's bytes)
+                    fh.write(data)
         return
     with atomic_writer(path) as fh:
         if hasattr(records, "lines"):

@@ -38,10 +38,12 @@ import numpy as np
 from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
 from twin.outputs import BlockWriter
 from twin.record_table import (
+    Cols,
     RecordTable,
     add_weighed,
     itl_stats,
     record_order,
+    request_columns,
     row_pieces,
     step_range,
     weighed_gaps,
@@ -121,9 +123,10 @@ class RecordSink:
         self._buf, self._buf_seq = [], []
         if not buf:
             return
-        order = record_order(buf)
+        cols = request_columns(buf)  # (None: their attributes are read one by one)
+        order = record_order(buf, cols)
         if hold:
-            k = self._in_place(buf, order)
+            k = self._in_place(buf, order, cols)
             if len(order) - k > self.chunk // 2:  # not leaving in order: spill them all
                 self._ordered = False
             else:
@@ -135,16 +138,22 @@ class RecordSink:
                     return
         reqs = [buf[i] for i in order]
         seq = np.array(seqs, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
-        table = self._table(reqs, 0)
+        table = self._table(reqs, 0, None if cols is None else cols.take(order))
         self._keep_columns(table, reqs, seq, group)
         if self.path is not None:
-            self._spill_lines(table.blocks())
+            self._spill_lines(table)
         self._rows += len(reqs)
 
-    def _in_place(self, buf: list, order: list[int]) -> int:
+    def _in_place(self, buf: list, order: list[int], cols: Cols | None = None) -> int:
         """How many of `buf`, sorted by `order`, continue the replica indexes spilled so
-        far (advancing `_expect` past them)."""
+        far (advancing `_expect` past them); `cols`: `buf`'s columns, read already."""
         e, gone, k = self._expect, self._gone, 0
+        if cols is not None and not gone and order:
+            index = cols.index[np.asarray(order, dtype=np.int64)]
+            match = index == np.arange(e, e + len(index))
+            k = len(index) if match.all() else int(np.argmin(match))
+            self._expect = e + k
+            return k
         for i in order:
             while e in gone:
                 gone.discard(e)
@@ -156,14 +165,14 @@ class RecordSink:
         self._expect = e
         return k
 
-    def _table(self, reqs: list, worker: int) -> RecordTable:
-        """The records of `reqs` (sorted) over the window of replica `worker`'s timeline
-        they use (-1: none)."""
+    def _table(self, reqs: list, worker: int, cols: Cols | None = None) -> RecordTable:
+        """The records of `reqs` (sorted; `cols`: their columns, read already) over the
+        window of replica `worker`'s timeline they use (-1: none)."""
         lo, hi = step_range(reqs)
         if hi <= lo or worker < 0:
-            return RecordTable(reqs, np.empty(0), in_order=True)
+            return RecordTable(reqs, np.empty(0), in_order=True, cols=cols)
         return RecordTable(reqs, step_window(self.timelines[worker], lo, hi), offset=lo,
-                           in_order=True)
+                           in_order=True, cols=cols)
 
     def _keep_columns(self, table: RecordTable, reqs: list, seq: np.ndarray,
                       group: int, worker: int = 0) -> None:
@@ -173,24 +182,34 @@ class RecordSink:
         col = self._cols.setdefault
         col("seq", []).append(seq)
         col("group", []).append(np.full(n, group, dtype=np.int8))
-        col("raw_arrival", []).append(np.array([r.arrival_s for r in reqs], dtype=float))
-        col("index", []).append(np.array([r.index for r in reqs], dtype=np.int64))
         col("worker", []).append(np.full(n, worker, dtype=np.int32))
         code = {s: i for i, s in enumerate(STATUSES)}
-        status = np.array([code[r.status] for r in reqs], dtype=np.int8)
+        c = table.columns()
+        if c is not None:  # (read in one pass)
+            raw, index, status, rids = c.arrival, c.index, c.status, c.rids
+            ints = {"prompt_tokens": c.prompt, "cached_tokens": c.cached,
+                    "retractions": c.retractions, "preemptions": c.preemptions,
+                    "kv_moved_bytes": c.moved}
+        else:
+            raw = np.array([r.arrival_s for r in reqs], dtype=float)
+            index = np.array([r.index for r in reqs], dtype=np.int64)
+            status = np.array([code[r.status] for r in reqs], dtype=np.int8)
+            rids = [r.rid for r in reqs]
+            ints = {"prompt_tokens": [r.prompt_tokens for r in reqs],
+                    "cached_tokens": [r.cached_tokens for r in reqs],
+                    "retractions": [r.retractions for r in reqs],
+                    "preemptions": [r.preemptions for r in reqs],
+                    "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
+        ints["output_tokens"] = plan.n_out
+        col("raw_arrival", []).append(raw)
+        col("index", []).append(index)
         col("status", []).append(status)
         for name, values in zip(_FLOATS, times, strict=True):
             col(name, []).append(np.array([np.nan if v is None else v for v in values],
                                           dtype=float))
-        ints = {"prompt_tokens": [r.prompt_tokens for r in reqs],
-                "cached_tokens": [r.cached_tokens for r in reqs],
-                "output_tokens": plan.n_out,
-                "retractions": [r.retractions for r in reqs],
-                "preemptions": [r.preemptions for r in reqs],
-                "kv_moved_bytes": [round(r.moved_bytes) for r in reqs]}
         for name in _INTS:
-            col(name, []).append(np.array(ints[name], dtype=np.int64))
-        self._rids += [r.rid for r in reqs]
+            col(name, []).append(np.asarray(ints[name], dtype=np.int64))
+        self._rids += rids
         # the ITL pieces of `ok` records: a step range of the timeline (absolute step
         # index, count) or a boundary gap (-(1 + its index among all chunks' gaps), 1)
         ok = status == code["ok"]
@@ -213,15 +232,16 @@ class RecordSink:
             else:
                 self._weighed.setdefault(worker, []).append(part)
 
-    def _spill_lines(self, blocks: Iterator[tuple[bytes, np.ndarray]]) -> None:
-        """Append lines to the spill, a block at a time (`RecordTable.blocks`), and note
-        where each begins."""
+    def _spill_lines(self, table: RecordTable, tails: list[bytes] | None = None) -> None:
+        """Append `table`'s lines to the spill, a block at a time (`RecordTable.blocks`;
+        `tails`: theirs), and note where each begins."""
         if self._spill is None:  # unnamed (O_TMPFILE where there is one): never left behind
             self._spill = _unnamed_file(self.path.parent)
         start = self._spill.tell()
         sizes: list[np.ndarray] = []
-        for data, lens in blocks:
-            self._spill.write(data)
+        for data, lens in table.blocks(tails=tails, into=self._spill):
+            if data is not None:  # (the Python writer's bytes)
+                self._spill.write(data)
             sizes.append(lens)
         ends = np.cumsum(np.concatenate(sizes)) if sizes else np.empty(0, dtype=np.int64)
         self._runs.append((self._rows, start + np.concatenate(([0], ends))))

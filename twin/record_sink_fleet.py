@@ -58,7 +58,7 @@ class TicketSink(RecordSink):
                 [r.status == "aborted" and (r.error or "").startswith(UNFINISHED)
                  for r in reqs], dtype=bool))
             if self.path is not None:
-                self._spill_lines(table.blocks(tails=self._tails(w, tickets)))
+                self._spill_lines(table, self._tails(w, tickets))
             else:
                 self._keep_records(w, tickets, table)
             self._rows += len(reqs)

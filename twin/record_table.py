@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from twin.compiled import load
-from twin.metrics import SLO, summary_from_columns
+from twin.metrics import SLO, STATUSES, summary_from_columns
 
 _C, WHY_PYTHON = load("_recordsc", "records writer")  # tests set `_C` to None to run the Python code
 BLOCK = 1024  # lines formatted into one bytes at a time (~3 MB of Vidur's)
@@ -46,16 +46,61 @@ def _r(x: float | None) -> float | None:
 _NO_IGNORE_EOS = ',"ignore_eos":false'  # a request that may stop at EOS (twin/metrics.py)
 
 
-def record_order(reqs: Sequence) -> list[int]:
+def record_order(reqs: Sequence, cols: Cols | None = None) -> list[int]:
     """The positions of `reqs` in the records' order, by arrival and then the replica's
     index, ties in the order given: `sorted(range(n), key=(arrival_s, index))`, by a
-    stable `np.lexsort` of the two columns."""
+    stable `np.lexsort` of the two columns (`cols`: theirs, read already)."""
     n = len(reqs)
     if n < 64:
         return sorted(range(n), key=lambda i: (reqs[i].arrival_s, reqs[i].index))
+    if cols is not None:
+        return np.lexsort((cols.index, cols.arrival)).tolist()
     arrival = np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n)
     index = np.fromiter((r.index for r in reqs), dtype=np.int64, count=n)
     return np.lexsort((index, arrival)).tolist()
+
+
+class Cols(NamedTuple):
+    """The fields of requests that the records read, as columns (`request_columns`):
+    floats with NaN for None (only where None is what it stands for), ints as int64."""
+
+    arrival: np.ndarray  # arrival_s as given (the order's key; `_times` rounds it)
+    index: np.ndarray
+    status: np.ndarray  # int8: its place in twin.metrics.STATUSES
+    prompt: np.ndarray
+    cached: np.ndarray
+    priority: np.ndarray
+    retractions: np.ndarray
+    preemptions: np.ndarray
+    moved: np.ndarray  # round(moved_bytes)
+    ignore_eos: np.ndarray  # bool
+    first_token: np.ndarray
+    finish: np.ndarray
+    queued: np.ndarray
+    lost: np.ndarray
+    admitted: np.ndarray  # bool: first_admit_s is not None
+    rids: list
+    errors: list
+
+    def take(self, order) -> Cols:
+        """The rows `order` (positions), in that order."""
+        at = np.asarray(order, dtype=np.int64)
+        return Cols(*(c[at] for c in self[:15]), [self.rids[i] for i in at.tolist()],
+                    [self.errors[i] for i in at.tolist()])
+
+
+_CODES = {s: i for i, s in enumerate(STATUSES)}
+
+
+def request_columns(reqs: Sequence) -> Cols | None:
+    """`reqs`' fields as `Cols`, read in one compiled pass; None without the compiled
+    writer, or where a value does not fit the columns (a numpy integer, an int beyond 64
+    bits, a NaN time, an unknown status, a None where a number is due): the callers then
+    read the attributes themselves, as before."""
+    if _C is None:
+        return None
+    got = _C.columns(reqs if type(reqs) is list else list(reqs), _CODES)
+    return None if got is None else Cols(*got)
 
 
 def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,17 +193,26 @@ def _pieces(reqs: list, ends: np.ndarray, off: int) -> tuple:
 
 class RecordTable(Sequence):
     def __init__(self, finished: Sequence, step_end: Sequence[float], offset: int = 0,
-                 in_order: bool = False) -> None:
+                 in_order: bool = False, cols: Cols | None = None) -> None:
         """`step_end`: the timeline's steps from index `offset` on (a window of it that
         covers every step the requests took part in: twin/record_sink.py); `in_order`:
-        `finished` is already in `record_order`."""
+        `finished` is already in `record_order`; `cols`: their `request_columns`, read
+        already (in that order)."""
         self._reqs = list(finished) if in_order else [finished[i] for i in record_order(finished)]
+        self._cols = cols if in_order else None
+        self._cols_read = cols is not None and in_order
         self._ends = np.asarray(step_end, dtype=float)
         self.offset = offset
         self._gaps: tuple | None = None
         self._rounded: tuple | None = None  # `_times`
         self._gap_floats: tuple | None = None  # the gaps as floats, for `_record`
         self._uniq: tuple | None = None  # `_step_unique`
+
+    def columns(self) -> Cols | None:
+        """The requests' `request_columns` (read once; None: read attribute by attribute)."""
+        if not self._cols_read:
+            self._cols, self._cols_read = request_columns(self._reqs), True
+        return self._cols
 
     # ---- the sequence of dicts (built on demand) ---------------------------------------
     def __len__(self) -> int:
@@ -263,11 +317,12 @@ class RecordTable(Sequence):
         return self._rounded
 
     # ---- requests.jsonl ------------------------------------------------------------------
-    def blocks(self, size: int = BLOCK, tails: list[bytes] | None = None
-               ) -> Iterator[tuple[bytes, np.ndarray]]:
+    def blocks(self, size: int = BLOCK, tails: list[bytes] | None = None, into=None
+               ) -> Iterator[tuple[bytes | None, np.ndarray]]:
         """The JSON lines of every record, in order, `size` records at a time: (their
         bytes, each line's length in bytes). `tails`: per record, ASCII fields that end
-        its object (a fleet's replica, pool and attempts)."""
+        its object (a fleet's replica, pool and attempts); `into`: a file-like object the
+        compiled writer writes the bytes to itself (None then in their place)."""
         if _C is None:
             lines = self._lines()
             if tails is not None:
@@ -292,7 +347,7 @@ class RecordTable(Sequence):
                                self._times(), uniq, inv, own)
         for i in range(0, len(self._reqs), size):
             j = min(i + size, len(self._reqs))
-            yield writer.block(i, j, None if tails is None else tails[i:j])
+            yield writer.block(i, j, None if tails is None else tails[i:j], into)
 
     def lines(self) -> Iterator[str]:
         """The JSON line of every record, in order (with its newline)."""
