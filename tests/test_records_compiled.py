@@ -383,3 +383,11 @@ def test_a_chunks_columns_are_its_requests_fields(drawn, plain: bool) -> None:
     order = list(range(len(reqs)))[::-1]
     taken = cols.take(order)
     assert taken.rids == cols.rids[::-1] and (taken.index == cols.index[::-1]).all()
+    n_out = np.array([len(r.rid) % 4 for r in reqs], dtype=np.int64)  # 0..3 tokens
+    try:
+        want = COMPILED.times(reqs, n_out)
+    except TypeError:  # ok without a finish or a first token: the columns decline
+        want = None
+    got = COMPILED.times_of(cols.arrival, cols.first_token, cols.finish, cols.status, 0,
+                            n_out, cols.queued, cols.admitted.view(np.int8), cols.lost)
+    assert repr(got) == repr(want)

@@ -423,6 +423,42 @@ def times(list reqs_, const long long[::1] n_out):
     return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
 
 
+def times_of(const double[::1] arrival, const double[::1] first, const double[::1] finish,
+             const signed char[::1] status, signed char ok_code,
+             const long long[::1] n_out, const double[::1] queued,
+             const signed char[::1] admitted, const double[::1] lost):
+    """`times` from a chunk's columns (twin/record_table.py `Cols`: NaN there is None):
+    the same lists, by the same arithmetic; None where a request is ok without a finish,
+    or with tokens after the first without a first token (`times` then raises on its
+    attributes, as the Python code does)."""
+    cdef Py_ssize_t i, n = arrival.shape[0]
+    cdef double a, ttft = 0.0, e2e
+    cdef bint has_ttft
+    cdef list arr_c = [], ttft_c = [], tpot_c = [], e2e_c = [], queue_c = [], lost_c = []
+    if not (first.shape[0] == finish.shape[0] == status.shape[0] == n_out.shape[0]
+            == queued.shape[0] == admitted.shape[0] == lost.shape[0] == n):
+        raise ValueError("times_of: columns of different lengths")
+    for i in range(n):
+        a = arrival[i]
+        has_ttft = not isnan(first[i])
+        if has_ttft:
+            ttft = first[i] - a
+        arr_c.append(_r(a))
+        ttft_c.append(_r(ttft) if has_ttft else None)
+        if status[i] == ok_code:
+            if isnan(finish[i]) or (n_out[i] > 1 and not has_ttft):
+                return None
+            e2e = finish[i] - a
+            tpot_c.append(_r((e2e - ttft) / <double>(n_out[i] - 1)) if n_out[i] > 1 else None)
+            e2e_c.append(_r(e2e))
+        else:
+            tpot_c.append(None)
+            e2e_c.append(None)
+        queue_c.append(_r(queued[i]) if admitted[i] else None)
+        lost_c.append(_r(lost[i]))
+    return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+
+
 # ---- records as dicts ----------------------------------------------------------------------
 def records(list reqs, first, start, length, n_out, tuple times, list step_gaps,
             list own_gaps, Py_ssize_t i0, Py_ssize_t i1):

@@ -300,7 +300,13 @@ class RecordTable(Sequence):
         if self._rounded is not None:
             return self._rounded
         if _C is not None:
-            self._rounded = _C.times(self._reqs, self._plan().n_out)
+            c = self.columns()
+            if c is not None:  # (from the columns read already)
+                self._rounded = _C.times_of(
+                    c.arrival, c.first_token, c.finish, c.status, _CODES["ok"],
+                    self._plan().n_out, c.queued, c.admitted.view(np.int8), c.lost)
+            if self._rounded is None:
+                self._rounded = _C.times(self._reqs, self._plan().n_out)
             return self._rounded
         arrival, ttft_c, tpot_c, e2e_c, queue_c, lost_c = [], [], [], [], [], []
         for r, n_out in zip(self._reqs, self._plan().n_out.tolist(), strict=True):
