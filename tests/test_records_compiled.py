@@ -391,3 +391,6 @@ def test_a_chunks_columns_are_its_requests_fields(drawn, plain: bool) -> None:
     got = COMPILED.times_of(cols.arrival, cols.first_token, cols.finish, cols.status, 0,
                             n_out, cols.queued, cols.admitted.view(np.int8), cols.lost)
     assert repr(got) == repr(want)
+    if plain:  # the lines and dicts written from the columns: the Python code's
+        py, c = both(reqs, drawn[1])
+        assert repr(py) == repr(c)

@@ -536,11 +536,19 @@ cdef class LineWriter:
     cdef bytes text  # every step gap's repr and a comma, in the timeline's order
     cdef const long long[::1] text_at  # where step gap g's text starts (and ends: g + 1)
     cdef Buf out  # a block's lines, kept from block to block (no fresh pages each time)
+    # the requests' columns (twin/record_table.py `Cols`), where read already: prompt,
+    # cached, priority, retractions, preemptions, moved bytes; status code, ignore_eos
+    cdef bint cm
+    cdef const long long[:, ::1] ci
+    cdef const signed char[:, ::1] cf
+    cdef list c_rids, c_errors
+    cdef tuple statuses
 
     def __dealloc__(self):
         free(self.out.data)
 
-    def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own):
+    def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own,
+                 cols=None, tuple statuses=None):
         """`uniq`, `inv`: the distinct step gaps and each step gap's index among them
         (`RecordTable._step_unique`): each distinct gap is formatted once, and the text of
         every step gap is laid out once, so a request's run of steps is one copy. `inv`
@@ -593,6 +601,20 @@ cdef class LineWriter:
         finally:
             free(d.data)
             free(b.data)
+        self.cm = cols is not None
+        if self.cm:  # (`Cols`; `statuses`: the names of its status codes)
+            self.ci = np.ascontiguousarray(np.stack(
+                [cols.prompt, cols.cached, cols.priority, cols.retractions,
+                 cols.preemptions, cols.moved]), dtype=np.int64)
+            self.cf = np.ascontiguousarray(np.stack(
+                [cols.status, cols.ignore_eos.view(np.int8)]), dtype=np.int8)
+            self.c_rids, self.c_errors = list(cols.rids), list(cols.errors)
+            self.statuses = tuple(statuses)
+            if (self.ci.shape[1] != len(rs) or len(self.c_rids) != len(rs)
+                    or len(self.c_errors) != len(rs)
+                    or (len(rs) and (np.min(cols.status) < 0
+                                     or np.max(cols.status) >= len(statuses)))):
+                raise ValueError(f"columns that do not fit {len(rs)} records")
         self.text_at = at
         self.reqs, self.times = rs, tm
         self.first, self.start, self.length, self.n_out, self.own = f1, s1, l1, n1, o1
@@ -619,6 +641,9 @@ cdef class LineWriter:
                 raise ValueError(f"{len(tails)} tails for {i1 - i0} records")
         cdef tuple arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
         arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c = self.times
+        cdef bint cm = self.cm
+        cdef const long long[:, ::1] ci = self.ci
+        cdef const signed char[:, ::1] cf = self.cf
         sizes = np.empty(i1 - i0, dtype=np.int64)
         cdef long long[::1] sv = sizes
         b = self.out  # (its memory: taken back below, however the block ends)
@@ -630,17 +655,26 @@ cdef class LineWriter:
                 r = reqs[i]
                 line0 = b.n
                 put(&b, "{\"rid\":", 7)
-                put_str(&b, r.rid)
+                put_str(&b, self.c_rids[i] if cm else r.rid)
                 put(&b, ",\"arrival_s\":", 13)
                 put_num(&b, arr_c[i])
                 put(&b, ",\"prompt_tokens\":", 17)
-                put_int(&b, r.prompt_tokens)
+                if cm:
+                    put_ll(&b, ci[0, i])
+                else:
+                    put_int(&b, r.prompt_tokens)
                 put(&b, ",\"cached_tokens\":", 17)
-                put_int(&b, r.cached_tokens)
+                if cm:
+                    put_ll(&b, ci[1, i])
+                else:
+                    put_int(&b, r.cached_tokens)
                 put(&b, ",\"output_tokens\":", 17)
                 put_ll(&b, n_out[i])
                 put(&b, ",\"priority\":", 12)
-                put_int(&b, r.priority)
+                if cm:
+                    put_ll(&b, ci[2, i])
+                else:
+                    put_int(&b, r.priority)
                 put(&b, ",\"ttft_s\":", 10)
                 put_num(&b, ttft_c[i])
                 put(&b, ",\"tpot_s\":", 10)
@@ -663,13 +697,19 @@ cdef class LineWriter:
                 put(&b, ",\"queue_s\":", 11)
                 put_num(&b, queue_c[i])
                 put(&b, ",\"retractions\":", 15)
-                put_int(&b, r.retractions)
+                if cm:
+                    put_ll(&b, ci[3, i])
+                else:
+                    put_int(&b, r.retractions)
                 put(&b, ",\"preemptions\":", 15)
-                put_int(&b, r.preemptions)
+                if cm:
+                    put_ll(&b, ci[4, i])
+                else:
+                    put_int(&b, r.preemptions)
                 put(&b, ",\"status\":", 10)
-                put_str(&b, r.status)
+                put_str(&b, self.statuses[cf[0, i]] if cm else r.status)
                 put(&b, ",\"error\":", 9)
-                err = r.error
+                err = self.c_errors[i] if cm else r.error
                 if err is None:
                     put(&b, "null", 4)
                 else:
@@ -677,8 +717,11 @@ cdef class LineWriter:
                 put(&b, ",\"lost_s\":", 10)
                 put_num(&b, lost_c[i])
                 put(&b, ",\"kv_moved_bytes\":", 18)
-                put_int(&b, _round(r.moved_bytes))
-                if not r.ignore_eos:
+                if cm:
+                    put_ll(&b, ci[5, i])
+                else:
+                    put_int(&b, _round(r.moved_bytes))
+                if not (cf[1, i] if cm else r.ignore_eos):
                     put(&b, _NO_IGNORE_EOS, len(_NO_IGNORE_EOS))
                 if tails is not None:
                     tl = tails

@@ -350,7 +350,7 @@ class RecordTable(Sequence):
             ou, oi = unique_inverse(own)
             own = ou[oi]
         writer = _C.LineWriter(self._reqs, plan.first, plan.start, plan.length, plan.n_out,
-                               self._times(), uniq, inv, own)
+                               self._times(), uniq, inv, own, self.columns(), STATUSES)
         for i in range(0, len(self._reqs), size):
             j = min(i + size, len(self._reqs))
             yield writer.block(i, j, None if tails is None else tails[i:j], into)
