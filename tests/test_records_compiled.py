@@ -394,3 +394,17 @@ def test_a_chunks_columns_are_its_requests_fields(drawn, plain: bool) -> None:
     if plain:  # the lines and dicts written from the columns: the Python code's
         py, c = both(reqs, drawn[1])
         assert repr(py) == repr(c)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(allow_nan=True, allow_infinity=True),
+                          st.integers(-2**70, 2**70), st.booleans()), max_size=30))
+def test_samples_as_an_array_are_numpys(rows: list) -> None:
+    """The memory summary's samples as a float array (`rows_array`): numpy's own
+    conversion, huge ints, bools, NaN and infinities included; other rows declined."""
+    got = COMPILED.rows_array(rows, 3)
+    want = np.asarray(rows, dtype=float).reshape(-1, 3)
+    assert got.tobytes() == want.tobytes() and got.shape == want.shape
+    assert COMPILED.rows_array([(1.0, 2)], 3) is None
+    assert COMPILED.rows_array([(1.0, None, 2)], 3) is None
+    assert COMPILED.rows_array([[1.0, 2.0, 3.0]], 3) is None

@@ -34,6 +34,7 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+    double PyLong_AsDouble(object o) except? -1.0
 
 
 _round = round
@@ -985,3 +986,28 @@ def columns(list reqs_, dict codes):
     return (arrival, ints[0], flags[0], ints[1], ints[2], ints[3], ints[4], ints[5],
             ints[6], flags[1].astype(bool), first, finish, queued, lost,
             flags[2].astype(bool), rids, errors)
+
+
+def rows_array(list rows, Py_ssize_t width):
+    """`np.asarray(rows, dtype=float).reshape(-1, width)` for rows of `width` Python ints
+    and floats (bools too); None where a row is not such a sequence (numpy then)."""
+    cdef Py_ssize_t i, j, n = len(rows)
+    out = np.empty((n, width))
+    cdef double[:, ::1] ov = out
+    cdef tuple row
+    for i in range(n):
+        x = rows[i]
+        if type(x) is not tuple:
+            return None
+        row = <tuple>x
+        if len(row) != width:
+            return None
+        for j in range(width):
+            v = row[j]
+            if type(v) is float:
+                ov[i, j] = <double>v
+            elif type(v) is int or type(v) is bool:
+                ov[i, j] = PyLong_AsDouble(v)
+            else:
+                return None
+    return out

@@ -49,13 +49,22 @@ def sample_weights(t: np.ndarray, every_s: float) -> np.ndarray:
     return np.maximum(np.diff(ticks, prepend=-1.0), 1).astype(int)
 
 
+def _rows(series: Sequence[tuple], width: int) -> np.ndarray:
+    """`np.asarray(series, dtype=float).reshape(-1, width)`, in one compiled pass where
+    the records writer is built and the rows are tuples of numbers (a day has ~10**5)."""
+    from twin.record_table import _C
+
+    got = _C.rows_array(series, width) if _C is not None and type(series) is list else None
+    return np.asarray(series, dtype=float).reshape(-1, width) if got is None else got
+
+
 def memory_summary(series: Sequence[tuple], fields: Sequence[str], final: AllocatorStats,
                    allocator: str, bytes_per_token: float, counters: dict,
                    sample_every_s: float = 1.0) -> dict:
     """The `memory` section: `series` rows laid out as `fields` (sampled every
     `sample_every_s`), `final` the allocator's statistics at the end, `counters` the
     replica's (`swap_outs`, `swap_ins`, `swapped_bytes`, `stall_s`)."""
-    rows = np.asarray(series, dtype=float).reshape(-1, len(fields))
+    rows = _rows(series, len(fields))
     a = np.repeat(rows, sample_weights(rows[:, 0], sample_every_s), axis=0)
     col = {name: a[:, i] for i, name in enumerate(fields)}
     cap, reserved = final.capacity, final.reserved
