@@ -340,6 +340,9 @@ cdef struct PrefillSlot:  # a one-chunk prefill step's time (Core.prefill_time)
     double t
 
 
+cdef long long H1 = 40503, H2 = 2654435761  # (C constants: the tables' hashes)
+
+
 cdef enum:
     N_SLOTS = 4096  # memo blocks read from C (a power of two)
     N_PF = 1 << 16  # one-chunk prefill steps (a power of two)
@@ -786,8 +789,7 @@ cdef class Core:
         BLOCK step times of which at least [lo, hi) are there (a block computed here
         from a decode kernel is filled as runs read it: one range grown at either end);
         NULL where the memo has none (beyond `quiet`)."""
-        cdef Py_ssize_t h = <Py_ssize_t>(((b * 40503) ^ (r * 2654435761) ^ (q * 97))
-                                         & (N_SLOTS - 1))
+        cdef Py_ssize_t h = <Py_ssize_t>(((b * H1) ^ (r * H2) ^ (q * 97)) & (N_SLOTS - 1))
         cdef Slot* sl = &self.slots[h]
         cdef const double[::1] mv
         cdef Kernel kn
@@ -835,21 +837,27 @@ cdef class Core:
         sl.b, sl.r, sl.q, sl.data, sl.lo, sl.hi = b, r, q, &mv[0], 0, BLOCK
         return sl.data
 
-    cdef double prefill_time(self, list chunks) except? -1.0:
-        """`StepTimeCache.prefill(chunks)`: a step of one chunk from the table here, else
-        from the memo (and then kept here while the table is under three quarters full)."""
+    cdef list chunks(self):
+        """The placed prefill chunks, as the step-time model takes them: (ext, computed)."""
+        cdef Py_ssize_t j
+        return [(self.a_ext[j], self.computed[self.a_req[j]]) for j in range(self.a_n)]
+
+    cdef double prefill_time(self) except? -1.0:
+        """`StepTimeCache.prefill(chunks)` of the placed chunks: a step of one chunk from
+        the table here, else from the memo (and then kept here while the table is under
+        three quarters full)."""
         cdef long long ext = 0, done = 0
         cdef Py_ssize_t h = 0
-        cdef bint one = len(chunks) == 1
+        cdef bint one = self.a_n == 1
         if one:
-            ext, done = chunks[0]
-            h = <Py_ssize_t>(((ext * 2654435761) ^ (done * 40503)) & (N_PF - 1))
+            ext, done = self.a_ext[0], self.computed[self.a_req[0]]
+            h = <Py_ssize_t>(((ext * H2) ^ (done * H1)) & (N_PF - 1))
             while self.pf[h].ext >= 0:
                 if self.pf[h].ext == ext and self.pf[h].done == done:
                     return self.pf[h].t
                 h = (h + 1) & (N_PF - 1)
-        key = tuple(chunks)
-        t = self.prefill_memo.get(key)
+        chunks = self.chunks()
+        t = self.prefill_memo.get(tuple(chunks))
         if t is None:
             t = self.cache.prefill(chunks)
         if one and ext >= 0 and self.pf_n < N_PF * 3 // 4:
@@ -1868,18 +1876,15 @@ cdef class Core:
         decoders = self.mixed and self.n_run > 0 and not self.room() < self.n_run
         if decoders and not self.grow(1):
             decoders = False
-        chunks = []
         for j in range(m):
-            i = self.a_req[j]
-            chunks.append((self.a_ext[j], self.computed[i]))
             tokens += self.a_ext[j]
         self.prefill_tokens += tokens
         if decoders:
-            t = self.st.step_time(chunks, [self.prompt[self.run_[j]] + self.gen[self.run_[j]]
-                                           for j in range(self.n_run)])
+            t = self.st.step_time(self.chunks(), [
+                self.prompt[self.run_[j]] + self.gen[self.run_[j]] for j in range(self.n_run)])
             self.mixed_steps += 1
         else:
-            t = self.prefill_time(chunks)
+            t = self.prefill_time()
             self.prefill_steps += 1
         dur = <double>t + 0.0
         self.busy_s += dur
