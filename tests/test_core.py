@@ -398,3 +398,32 @@ def test_the_fleet_command_says_which_loop_ran(capsys) -> None:
                  "finance-qa,n=30,clients=replay"]) == 0
     assert ("scheduler loop: the typed core (twin/_corec.pyx) on sg0, sg1; the Python "
             "replica on vm, vh (not an SGLang replica)") in capsys.readouterr().out
+
+
+def test_leaving_requests_have_every_slot_the_python_replica_gives(monkeypatch) -> None:
+    """The core writes a leaving request's SimRequest slots straight into the object
+    (`set_slot`, where SimRequest's slots are plain object slots, as they are): every
+    slot is set, to the value the Python replica leaves there (the radix nodes aside:
+    the core's are its own)."""
+    from twin.config import ServerArgs
+    from twin.request_state import SimRequest
+    from twin.workload import from_spec
+
+    assert CORE._find_slots()  # the direct path is the one that runs
+    cfg = sim.SimConfig(args=ServerArgs(model_path="meta-llama/Llama-3.1-8B"),
+                        gpu="a100-sxm-80gb", step_time_backend="roofline")
+    wl = from_spec("arrival=poisson,rate=4,n=120,prompt=uniform:100:2000,"
+                   "output=uniform:10:300,templates=3,template_len=512,share=0.5", seed=4)
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(core, "_CORE", CORE if on else None)
+        res = sim.simulate(wl, cfg)
+        assert (res.loop_core is None) is on
+        got[on] = sorted(res.records._reqs, key=lambda r: r.rid)
+    assert len(got[True]) == len(got[False]) == 120
+    for a, b in zip(got[True], got[False], strict=True):
+        for name in SimRequest.__slots__:
+            if name in ("node", "matched_node", "head", "view_cache"):
+                assert hasattr(a, name)
+                continue
+            assert repr(getattr(a, name)) == repr(getattr(b, name)), (a.rid, name)

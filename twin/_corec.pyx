@@ -18,7 +18,7 @@ request i is `SimRequest.index` i. A request's numbers live in the arrays below;
 and handed to the replica's `finished` (a `RecordSink` or a list)."""
 
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, PyObject
 from libc.math cimport INFINITY, NAN, floor, isnan
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
@@ -346,6 +346,70 @@ cdef long long H1 = 40503, H2 = 2654435761  # (C constants: the tables' hashes)
 cdef enum:
     N_SLOTS = 4096  # memo blocks read from C (a power of two)
     N_PF = 1 << 16  # one-chunk prefill steps (a power of two)
+
+
+# ---- a leaving request's SimRequest ------------------------------------------------------
+# `Core.simreq` writes these slots, in this order; where SimRequest's slots are plain
+# object slots (member descriptors of type T_OBJECT_EX, settable, no __setattr__ of its
+# own), straight into the object, as the descriptor's own setter does; else by setattr
+_SLOTS = ("req", "rid", "priority", "arrival_s", "queue_entry_s", "entered_s",
+          "prompt_tokens", "max_new_tokens", "generated_tokens", "prefix_len", "index",
+          "ignore_eos", "arrival_work", "head", "cached_tokens", "retractions",
+          "preemptions", "status", "error", "first_admit_s", "queued_s", "first_token_s",
+          "finish_s", "tok_events", "dec_start", "node", "computed", "private",
+          "matched_node", "round_start_s", "swapped_tokens", "left_batch_s", "lost_s",
+          "moved_bytes", "view_cache")
+cdef Py_ssize_t _slot_at[64]
+cdef bint _slots_direct = False
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+        int flags
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+def _find_slots() -> bool:
+    """Whether `set_slot` may write SimRequest's slots itself (and their offsets)."""
+    global _slots_direct
+    cdef PyMemberDef* m
+    cdef Py_ssize_t k
+    _slots_direct = False
+    if (SimRequest.__setattr__ is not object.__setattr__ or len(_SLOTS) > 64
+            or set(_SLOTS) != set(SimRequest.__slots__)):
+        return False
+    for k, name in enumerate(_SLOTS):
+        d = SimRequest.__dict__.get(name)
+        if type(d) is not _MemberDescriptor:
+            return False
+        m = (<PyMemberDescrObject*><PyObject*>d).d_member
+        if m.type != 16 or m.flags & 1:  # T_OBJECT_EX, not READONLY
+            return False
+        _slot_at[k] = m.offset
+    _slots_direct = True
+    return True
+
+
+_MemberDescriptor = type(SimRequest.rid)
+_find_slots()
+
+
+cdef inline int set_slot(object obj, Py_ssize_t k, object v) except -1:
+    """obj.<_SLOTS[k]> = v."""
+    cdef PyObject** p
+    cdef PyObject* old
+    if not _slots_direct:
+        setattr(obj, _SLOTS[k], v)
+        return 0
+    p = <PyObject**>((<char*><PyObject*>obj) + _slot_at[k])
+    old = p[0]
+    Py_INCREF(v)
+    p[0] = <PyObject*>v
+    Py_XDECREF(old)
+    return 0
 
 
 cdef class Kernel:
@@ -1032,50 +1096,51 @@ cdef class Core:
     cdef object simreq(self, long long i):
         """The request's SimRequest as the Python replica holds it when it leaves, every
         slot set (built without `__init__`: `head`, the key a policy's view reads, is None,
-        as `view_cache` is at a leave: no decision sees the request again)."""
+        as `view_cache` is at a leave: no decision sees the request again). The slots are
+        written in `_SLOTS`' order (`set_slot`)."""
         cdef double x
         req = self.reqs[i]
         r = _new(SimRequest)
-        r.req = req
-        r.rid = req.rid
-        r.priority = req.priority
-        r.arrival_s = self.sent[i]
-        r.queue_entry_s = self.queue_entry[i]
-        r.entered_s = self.entered[i]
-        r.prompt_tokens = req.prompt_tokens
-        r.max_new_tokens = self.max_new[i]
-        r.generated_tokens = self.gen[i]
-        r.prefix_len = self.prefix[i]
-        r.index = i
-        r.ignore_eos = self.eos[i] != 0
-        r.arrival_work = self.arrival_work[i]
-        r.head = None
-        r.cached_tokens = self.cached[i]
-        r.retractions = self.retractions[i]
-        r.preemptions = self.preemptions_[i]
-        r.status = ""
-        r.error = self.errors[i]
+        set_slot(r, 0, req)
+        set_slot(r, 1, req.rid)
+        set_slot(r, 2, req.priority)
+        set_slot(r, 3, self.sent[i])
+        set_slot(r, 4, self.queue_entry[i])
+        set_slot(r, 5, self.entered[i])
+        set_slot(r, 6, req.prompt_tokens)
+        set_slot(r, 7, self.max_new[i])
+        set_slot(r, 8, self.gen[i])
+        set_slot(r, 9, self.prefix[i])
+        set_slot(r, 10, i)
+        set_slot(r, 11, self.eos[i] != 0)
+        set_slot(r, 12, self.arrival_work[i])
+        set_slot(r, 13, None)
+        set_slot(r, 14, self.cached[i])
+        set_slot(r, 15, self.retractions[i])
+        set_slot(r, 16, self.preemptions_[i])
+        set_slot(r, 17, "")
+        set_slot(r, 18, self.errors[i])
         x = self.first_admit[i]
-        r.first_admit_s = None if isnan(x) else x
-        r.queued_s = self.queued[i]
+        set_slot(r, 19, None if isnan(x) else x)
+        set_slot(r, 20, self.queued[i])
         x = self.first_token[i]
-        r.first_token_s = None if isnan(x) else x
-        r.finish_s = None
+        set_slot(r, 21, None if isnan(x) else x)
+        set_slot(r, 22, None)
         t = self.tok[i]
-        r.tok_events = [] if t is None else t
-        r.dec_start = self.dec_start[i]
-        r.node = self.node[i]
-        r.computed = self.computed[i]
-        r.private = self.private_[i]
-        r.matched_node = self.matched[i]
+        set_slot(r, 23, [] if t is None else t)
+        set_slot(r, 24, self.dec_start[i])
+        set_slot(r, 25, self.node[i])
+        set_slot(r, 26, self.computed[i])
+        set_slot(r, 27, self.private_[i])
+        set_slot(r, 28, self.matched[i])
         x = self.round_start[i]
-        r.round_start_s = None if isnan(x) else x
-        r.swapped_tokens = 0
+        set_slot(r, 29, None if isnan(x) else x)
+        set_slot(r, 30, 0)
         x = self.left_batch[i]
-        r.left_batch_s = None if isnan(x) else x
-        r.lost_s = self.lost[i]
-        r.moved_bytes = 0.0
-        r.view_cache = None
+        set_slot(r, 31, None if isnan(x) else x)
+        set_slot(r, 32, self.lost[i])
+        set_slot(r, 33, 0.0)
+        set_slot(r, 34, None)
         return r
 
     cdef void close_tokens(self, long long i):
