@@ -336,7 +336,7 @@ cdef struct Slot:  # a memo block of decode step times (Core.block_at)
 
 
 cdef struct PrefillSlot:  # a one-chunk prefill step's time (Core.prefill_time)
-    long long ext, done
+    long long ext1, done  # ext + 1 (0: an empty slot)
     double t
 
 
@@ -664,10 +664,7 @@ cdef class Core:
         self.joined = <double*>malloc(BLOCK * sizeof(double))
         if self.slots == NULL or self.pf == NULL or self.joined == NULL:
             raise MemoryError()
-        for j in range(N_SLOTS):
-            self.slots[j].b = -1
-        for j in range(N_PF):
-            self.pf[j].ext = -1
+        # (calloc'd: an empty slot is all zeros, its pages untouched until used)
         self.slot_ref = [None] * N_SLOTS
         self.kernels = {}
         self.kernel_ok = getattr(self.cache.st, "decode_kernel", None) is not None
@@ -860,7 +857,7 @@ cdef class Core:
         cdef long long start = r + b * q * BLOCK
         cdef double* out
         cdef Py_ssize_t j
-        if sl.b == b and sl.r == r and sl.q == q:
+        if sl.data != NULL and sl.b == b and sl.r == r and sl.q == q:
             if sl.lo <= lo and hi <= sl.hi:
                 return sl.data
             kn = <Kernel>self.kernels[b]  # (a Python block is whole: only these grow)
@@ -916,8 +913,8 @@ cdef class Core:
         if one:
             ext, done = self.a_ext[0], self.computed[self.a_req[0]]
             h = <Py_ssize_t>(((ext * H2) ^ (done * H1)) & (N_PF - 1))
-            while self.pf[h].ext >= 0:
-                if self.pf[h].ext == ext and self.pf[h].done == done:
+            while self.pf[h].ext1 != 0:
+                if self.pf[h].ext1 == ext + 1 and self.pf[h].done == done:
                     return self.pf[h].t
                 h = (h + 1) & (N_PF - 1)
         chunks = self.chunks()
@@ -925,7 +922,7 @@ cdef class Core:
         if t is None:
             t = self.cache.prefill(chunks)
         if one and ext >= 0 and self.pf_n < N_PF * 3 // 4:
-            self.pf[h].ext, self.pf[h].done, self.pf[h].t = ext, done, t
+            self.pf[h].ext1, self.pf[h].done, self.pf[h].t = ext + 1, done, t
             self.pf_n += 1
         return t
 
