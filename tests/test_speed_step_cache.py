@@ -149,3 +149,40 @@ def test_the_typed_cores_decode_kernel_is_the_backends_decode_times(gpu, overlap
         want = st.decode_times(b, kv)
         assert kern.times(b, kv).tobytes() == want.tobytes(), b
     assert core.decode_kernel(make_step_time("roofline", cap, ARGS), 4) is None
+
+
+@pytest.mark.parametrize("gpu,overlap", [("a100-sxm-80gb", False), ("a100-sxm-80gb", True),
+                                         ("h100-sxm-80gb", True)])
+def test_the_typed_cores_prefill_kernel_is_the_backends_step_time(gpu, overlap):
+    """The typed core computes opdb's prefill-only steps itself (twin/_corec.pyx
+    `PrefillKernel`): the backend's own float, bit for bit, for one and several chunks,
+    on and between the context grid's points; it declines exactly where opdb would warn
+    (beyond the measured context or a table's end), and the backend answers there."""
+    core = pytest.importorskip("twin._corec", reason="the typed core is not built")
+    cap = derive_capacity(ARGS, gpu)
+    st = make_step_time("opdb", cap, ARGS)
+    inner = st
+    st = OverlapStepTime(st) if overlap else st
+    kern = core.prefill_kernel(st)
+    assert kern is not None
+    rng = np.random.default_rng(2)
+    grid_n, grid_p = inner._cn_list, inner._cp_list
+    declined = 0
+    for _ in range(3000):
+        m = int(rng.integers(1, 5))
+        chunks = []
+        for _c in range(m):
+            n = int(rng.choice([rng.integers(1, 9000), rng.choice(grid_n)]))
+            pre = int(rng.choice([0, rng.integers(0, 40000), rng.choice(grid_p)]))
+            chunks.append((max(n, 1), pre))
+        got = kern.step(chunks)
+        beyond = (any(n + p > inner.extents.context_tokens for n, p in chunks)
+                  or sum(n for n, _ in chunks) >= len(inner.tok_ctx) or m >= len(inner.head))
+        assert (got is None) is beyond, chunks
+        if got is None:
+            declined += 1
+            continue
+        want = st.step_time(chunks, [])
+        assert repr(got) == repr(want), chunks
+    assert 0 < declined < 3000
+    assert core.prefill_kernel(make_step_time("roofline", cap, ARGS)) is None

@@ -482,6 +482,113 @@ cdef class Kernel:
         return out
 
 
+cdef class PrefillKernel:
+    """A prefill-only step's time as numbers (a backend's `prefill_kernel`: opdb's,
+    under the overlap wrapper or not): opdb's `step_time(chunks, [])` replayed operation
+    by operation (the context-attention grid's bilinear interpolation, the step-token and
+    LM-head tables), then max(t - oh, oh) under the wrapper; `at` declines (False) where
+    opdb would warn (beyond the measured context or a table's end)."""
+
+    cdef double eager, per_req
+    cdef const double[::1] cn
+    cdef const double[::1] cp
+    cdef const double[:, ::1] ctx
+    cdef const double[::1] tok
+    cdef const double[::1] head
+    cdef long long ctx_max
+    cdef bint overlap
+
+    def __init__(self, tuple got):
+        self.eager, self.per_req = got[0], got[1]
+        self.cn = np.ascontiguousarray(got[2], dtype=np.float64)
+        self.cp = np.ascontiguousarray(got[3], dtype=np.float64)
+        self.ctx = np.ascontiguousarray(got[4], dtype=np.float64)
+        self.ctx_max = got[5]
+        self.tok = np.ascontiguousarray(got[6], dtype=np.float64)
+        self.head = np.ascontiguousarray(got[7], dtype=np.float64)
+        self.overlap = len(got) == 9 and bool(got[8])
+        if (self.cn.shape[0] < 2 or self.cp.shape[0] < 2
+                or self.ctx.shape[0] != self.cn.shape[0] or self.ctx.shape[1] != self.cp.shape[0]
+                or not bool(np.all(np.diff(got[2]) > 0)) or not bool(np.all(np.diff(got[3]) > 0))):
+            raise ValueError("a prefill kernel needs an increasing grid and its table")
+
+    cdef Py_ssize_t below(self, const double[::1] axis, double x) noexcept:
+        """min(max(bisect_right(axis, x) - 1, 0), len(axis) - 2)."""
+        cdef Py_ssize_t lo = 0, hi = axis.shape[0], mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if x < axis[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        lo -= 1
+        if lo < 0:
+            lo = 0
+        if lo > axis.shape[0] - 2:
+            lo = axis.shape[0] - 2
+        return lo
+
+    cdef bint at(self, const long long* ext, const long long* done, Py_ssize_t m,
+                 double* out) noexcept:
+        """The step of chunks (ext[k], done[k]) for k < m into `out`; False where opdb
+        would warn (then nothing is written)."""
+        cdef Py_ssize_t k, i, j
+        cdef long long tokens = 0
+        cdef double t, n, pre, fx, fy, lo, hi, oh
+        for k in range(m):
+            if ext[k] + done[k] > self.ctx_max:
+                return False
+            tokens += ext[k]
+        if tokens >= self.tok.shape[0] or m >= self.head.shape[0]:
+            return False
+        oh = self.eager + self.per_req * <double>m
+        t = oh
+        for k in range(m):
+            n, pre = <double>ext[k], <double>done[k]
+            i = self.below(self.cn, n)
+            j = self.below(self.cp, pre)
+            fx = (n - self.cn[i]) / (self.cn[i + 1] - self.cn[i])
+            fy = (pre - self.cp[j]) / (self.cp[j + 1] - self.cp[j])
+            lo = self.ctx[i, j] + (self.ctx[i + 1, j] - self.ctx[i, j]) * fx
+            hi = self.ctx[i, j + 1] + (self.ctx[i + 1, j + 1] - self.ctx[i, j + 1]) * fx
+            t = t + (lo + (hi - lo) * fy)
+        t = t + self.tok[tokens]
+        t = t + self.head[m]
+        if self.overlap:
+            t = t - oh
+            if oh > t:
+                t = oh
+        out[0] = t
+        return True
+
+    def step(self, list chunks):
+        """The step of `chunks` [(ext, done), ...], or None where `at` declines (tests
+        compare it with the backend's `step_time(chunks, [])`)."""
+        cdef Py_ssize_t k, m = len(chunks)
+        cdef double t
+        e = np.array([c[0] for c in chunks], dtype=np.int64)
+        d = np.array([c[1] for c in chunks], dtype=np.int64)
+        cdef const long long[::1] ev = e
+        cdef const long long[::1] dv = d
+        if m == 0:
+            return None
+        return t if self.at(&ev[0], &dv[0], m, &t) else None
+
+
+def prefill_kernel(st):
+    """`st`'s prefill kernel as the typed core uses it (a `PrefillKernel`), or None (none
+    given, or numbers that are not float64: numpy would compute those in other widths)."""
+    get = getattr(st, "prefill_kernel", None)
+    got = get() if get is not None else None
+    if got is None:
+        return None
+    f64 = (float, np.float64)
+    if (type(got[0]) not in f64 or type(got[1]) not in f64
+            or any(getattr(got[k], "dtype", None) != np.float64 for k in (4, 6, 7))):
+        return None
+    return PrefillKernel(tuple(got))
+
+
 _NO_KERNEL = object()  # (not yet asked)
 
 
@@ -562,6 +669,7 @@ cdef class Core:
     cdef dict kernels
     cdef bint kernel_ok
     cdef double* kstore
+    cdef PrefillKernel pk  # a prefill-only step computed here (None: asked of the memo)
     cdef double* joined
     # prefill steps of one chunk (ext, computed): their memo in an open-addressed table
     cdef PrefillSlot* pf
@@ -586,7 +694,7 @@ cdef class Core:
     cdef long long a_cur_offset, a_rem_input, a_rem_chunk, a_n
     cdef bint a_continuing
     cdef long long a_new_chunked
-    cdef long long[::1] a_req, a_ext
+    cdef long long[::1] a_req, a_ext, a_done  # (a_done: the prefill kernel's scratch)
     # the radix cache (None: off; the replica's RadixCache is replaced by it at the
     # end): each request's matched prefix, cached tokens, locked node, last matched node
     cdef CTree tree
@@ -667,6 +775,7 @@ cdef class Core:
         # (calloc'd: an empty slot is all zeros, its pages untouched until used)
         self.slot_ref = [None] * N_SLOTS
         self.kernels = {}
+        self.pk = prefill_kernel(self.cache.st)
         self.kernel_ok = getattr(self.cache.st, "decode_kernel", None) is not None
         self.kstore = <double*>malloc(N_SLOTS * BLOCK * sizeof(double)) if self.kernel_ok \
             else NULL
@@ -725,6 +834,7 @@ cdef class Core:
         self.tmp = np.zeros(m, dtype=np.int64)
         self.a_req = np.zeros(m, dtype=np.int64)
         self.a_ext = np.zeros(m, dtype=np.int64)
+        self.a_done = np.zeros(m, dtype=np.int64)
         self.chunked = -1
         self.has_tree = rep.tree is not None  # (empty: twin/core.py checks)
         self.tree = CTree() if self.has_tree else None
@@ -908,8 +1018,9 @@ cdef class Core:
         the table here, else from the memo (and then kept here while the table is under
         three quarters full)."""
         cdef long long ext = 0, done = 0
-        cdef Py_ssize_t h = 0
-        cdef bint one = self.a_n == 1
+        cdef Py_ssize_t h = 0, j
+        cdef bint one = self.a_n == 1, got
+        cdef double x = 0.0
         if one:
             ext, done = self.a_ext[0], self.computed[self.a_req[0]]
             h = <Py_ssize_t>(((ext * H2) ^ (done * H1)) & (N_PF - 1))
@@ -917,10 +1028,18 @@ cdef class Core:
                 if self.pf[h].ext1 == ext + 1 and self.pf[h].done == done:
                     return self.pf[h].t
                 h = (h + 1) & (N_PF - 1)
-        chunks = self.chunks()
-        t = self.prefill_memo.get(tuple(chunks))
-        if t is None:
-            t = self.cache.prefill(chunks)
+        got = False
+        if self.pk is not None:  # computed here, as the backend's step_time would
+            for j in range(self.a_n):
+                self.a_done[j] = self.computed[self.a_req[j]]
+            got = self.pk.at(&self.a_ext[0], &self.a_done[0], self.a_n, &x)
+        if got:
+            t = x
+        else:
+            chunks = self.chunks()
+            t = self.prefill_memo.get(tuple(chunks))
+            if t is None:
+                t = self.cache.prefill(chunks)
         if one and ext >= 0 and self.pf_n < N_PF * 3 // 4:
             self.pf[h].ext1, self.pf[h].done, self.pf[h].t = ext + 1, done, t
             self.pf_n += 1

@@ -56,6 +56,15 @@ class OverlapStepTime:
             return None
         return (*got, self._overhead_decode(b))
 
+    def prefill_kernel(self) -> tuple | None:
+        """The inner model's `prefill_kernel` and True (this wrapper's step is
+        max(total - oh, oh), oh the inner model's `overhead` of the chunks: its eager and
+        per-request parts), or None where the inner model has none."""
+        get = getattr(self.inner, "prefill_kernel", None)
+        if get is None or self._overhead is None:
+            return None
+        return (*get(), True)
+
     def step_time(self, prefill_chunks: Sequence[PrefillChunk],
                   decode_kv_lens: Sequence[int]) -> float:
         total = self.inner.step_time(prefill_chunks, decode_kv_lens)

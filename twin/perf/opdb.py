@@ -349,6 +349,16 @@ class OpdbStepTime:
         const, row = self._decode_parts(b)
         return float(const), self.ds, row
 
+    def prefill_kernel(self) -> tuple:
+        """`step_time(chunks, [])` as numbers compiled code can evaluate (twin/_corec.pyx
+        `PrefillKernel`, which replays this class's arithmetic and declines wherever a
+        lookup here would warn): (eager, per-request seconds, the context-attention grid's
+        new-token and prefix axes and table, the measured context length, the step-token
+        and LM-head tables)."""
+        return (self._eager, self._per_request, np.asarray(self._cn_list, dtype=float),
+                np.asarray(self._cp_list, dtype=float), self.ctx_table,
+                self.extents.context_tokens, self.tok_ctx, self.head)
+
     # -- the contract ---------------------------------------------------------------
     def decode_times(self, batch_size: int, kv_sums: np.ndarray) -> np.ndarray:
         kv = np.asarray(kv_sums, dtype=float)
