@@ -497,6 +497,7 @@ cdef class PrefillKernel:
     cdef const double[::1] head
     cdef long long ctx_max
     cdef bint overlap
+    cdef set warned  # the backend's warnings given (`OpdbStepTime._warned`)
 
     def __init__(self, tuple got):
         self.eager, self.per_req = got[0], got[1]
@@ -506,7 +507,8 @@ cdef class PrefillKernel:
         self.ctx_max = got[5]
         self.tok = np.ascontiguousarray(got[6], dtype=np.float64)
         self.head = np.ascontiguousarray(got[7], dtype=np.float64)
-        self.overlap = len(got) == 9 and bool(got[8])
+        self.warned = got[8]
+        self.overlap = len(got) == 10 and bool(got[9])
         if (self.cn.shape[0] < 2 or self.cp.shape[0] < 2
                 or self.ctx.shape[0] != self.cn.shape[0] or self.ctx.shape[1] != self.cp.shape[0]
                 or not bool(np.all(np.diff(got[2]) > 0)) or not bool(np.all(np.diff(got[3]) > 0))):
@@ -528,19 +530,28 @@ cdef class PrefillKernel:
             lo = axis.shape[0] - 2
         return lo
 
-    cdef bint at(self, const long long* ext, const long long* done, Py_ssize_t m,
-                 double* out) noexcept:
-        """The step of chunks (ext[k], done[k]) for k < m into `out`; False where opdb
-        would warn (then nothing is written)."""
+    cdef double table(self, const double[::1] tab, long long m) noexcept:
+        """opdb's `_tokens`: tab[m], or beyond its end the linear extrapolation."""
+        cdef Py_ssize_t last = tab.shape[0] - 1
+        if m < tab.shape[0]:
+            return tab[m]
+        return tab[last] + (tab[last] - tab[last - 1]) * <double>(m - last)
+
+    cdef int at(self, const long long* ext, const long long* done, Py_ssize_t m,
+                double* out) except -1:
+        """The step of chunks (ext[k], done[k]) for k < m into `out`: 1; 0 where opdb
+        would warn now (beyond the measured context or a table's end, not yet warned
+        there: the backend then answers and warns), and nothing is written."""
         cdef Py_ssize_t k, i, j
         cdef long long tokens = 0
         cdef double t, n, pre, fx, fy, lo, hi, oh
         for k in range(m):
-            if ext[k] + done[k] > self.ctx_max:
-                return False
+            if ext[k] + done[k] > self.ctx_max and "ctx" not in self.warned:
+                return 0
             tokens += ext[k]
-        if tokens >= self.tok.shape[0] or m >= self.head.shape[0]:
-            return False
+        if (tokens >= self.tok.shape[0] and "step tokens" not in self.warned) or (
+                m >= self.head.shape[0] and "lm head" not in self.warned):
+            return 0
         oh = self.eager + self.per_req * <double>m
         t = oh
         for k in range(m):
@@ -552,14 +563,14 @@ cdef class PrefillKernel:
             lo = self.ctx[i, j] + (self.ctx[i + 1, j] - self.ctx[i, j]) * fx
             hi = self.ctx[i, j + 1] + (self.ctx[i + 1, j + 1] - self.ctx[i, j + 1]) * fx
             t = t + (lo + (hi - lo) * fy)
-        t = t + self.tok[tokens]
-        t = t + self.head[m]
+        t = t + self.table(self.tok, tokens)
+        t = t + self.table(self.head, m)
         if self.overlap:
             t = t - oh
             if oh > t:
                 t = oh
         out[0] = t
-        return True
+        return 1
 
     def step(self, list chunks):
         """The step of `chunks` [(ext, done), ...], or None where `at` declines (tests
