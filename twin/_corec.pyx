@@ -470,6 +470,14 @@ cdef class Kernel:
                 r = self.oh
         return r
 
+    cdef void fill(self, double* out, long long start, long long b, Py_ssize_t lo,
+                   Py_ssize_t hi) noexcept:
+        """out[j] for j in [lo, hi): the step of b requests at KV sum start + b * j
+        (`StepTimeCache._block`'s arange, divided by b as decode_times divides it)."""
+        cdef Py_ssize_t j
+        for j in range(lo, hi):
+            out[j] = self.at(<double>(start + b * j) / <double>b)
+
     def times(self, long long b, kv_sums):
         """decode_times(b, kv_sums) by this kernel (tests compare it with the backend)."""
         kv = np.ascontiguousarray(kv_sums, dtype=np.float64)
@@ -575,7 +583,7 @@ cdef class PrefillKernel:
     def step(self, list chunks):
         """The step of `chunks` [(ext, done), ...], or None where `at` declines (tests
         compare it with the backend's `step_time(chunks, [])`)."""
-        cdef Py_ssize_t k, m = len(chunks)
+        cdef Py_ssize_t m = len(chunks)
         cdef double t
         e = np.array([c[0] for c in chunks], dtype=np.int64)
         d = np.array([c[1] for c in chunks], dtype=np.int64)
@@ -977,16 +985,13 @@ cdef class Core:
         cdef Kernel kn
         cdef long long start = r + b * q * BLOCK
         cdef double* out
-        cdef Py_ssize_t j
         if sl.data != NULL and sl.b == b and sl.r == r and sl.q == q:
             if sl.lo <= lo and hi <= sl.hi:
                 return sl.data
             kn = <Kernel>self.kernels[b]  # (a Python block is whole: only these grow)
             out = self.kstore + h * BLOCK
-            for j in range(lo, sl.lo):
-                out[j] = kn.at(<double>(start + b * j) / <double>b)
-            for j in range(sl.hi, hi):
-                out[j] = kn.at(<double>(start + b * j) / <double>b)
+            kn.fill(out, start, b, lo, sl.lo)
+            kn.fill(out, start, b, sl.hi, hi)
             if lo < sl.lo:
                 sl.lo = lo
             if hi > sl.hi:
@@ -1001,8 +1006,7 @@ cdef class Core:
                 if <double>(start + b * (BLOCK - 1)) / <double>b > self.quiet:
                     return NULL
                 out = self.kstore + h * BLOCK
-                for j in range(lo, hi):
-                    out[j] = kn.at(<double>(start + b * j) / <double>b)
+                kn.fill(out, start, b, lo, hi)
                 self.slot_ref[h] = None
                 sl.b, sl.r, sl.q, sl.data, sl.lo, sl.hi = b, r, q, out, lo, hi
                 return out
@@ -1051,7 +1055,7 @@ cdef class Core:
             t = self.prefill_memo.get(tuple(chunks))
             if t is None:
                 t = self.cache.prefill(chunks)
-        if one and ext >= 0 and self.pf_n < N_PF * 3 // 4:
+        if one and self.pf_n < N_PF * 3 // 4:
             self.pf[h].ext1, self.pf[h].done, self.pf[h].t = ext + 1, done, t
             self.pf_n += 1
         return t

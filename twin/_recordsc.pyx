@@ -109,15 +109,9 @@ cdef int put_micros(char* out, double x) noexcept nogil:
     if x < 0:
         out[0] = 45  # '-'
         n = 1
-    j = 24
-    while True:
-        j -= 1
-        tmp[j] = <char>(48 + ip % 10)
-        ip //= 10
-        if ip == 0:
-            break
-    memcpy(out + n, tmp + j, 24 - j)
-    n += 24 - j
+    j = digits_before(tmp + 24, <unsigned long long>ip)
+    memcpy(out + n, tmp + 24 - j, j)
+    n += j
     out[n] = 46  # '.'
     n += 1
     if fp == 0:
@@ -177,24 +171,30 @@ cdef int put_int(Buf* b, object v) except -1:
     return put_ll(b, x)
 
 
+cdef inline int digits_before(char* end, unsigned long long u) noexcept nogil:
+    """u's decimal digits written to end[-k:], k returned (at most 20)."""
+    cdef int k = 0
+    while True:
+        k += 1
+        end[-k] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            return k
+
+
 cdef int put_ll(Buf* b, long long x) except -1:
     """str(x)."""
     cdef unsigned long long u
     cdef char tmp[24]
-    cdef int k = 24
+    cdef int k
     cdef bint neg
     neg = x < 0
     u = <unsigned long long>(-(x + 1)) + 1 if neg else <unsigned long long>x
-    while True:
-        k -= 1
-        tmp[k] = <char>(48 + u % 10)
-        u //= 10
-        if u == 0:
-            break
+    k = digits_before(tmp + 24, u)
     if neg:
-        k -= 1
-        tmp[k] = b'-'
-    return put(b, tmp + k, 24 - k)
+        k += 1
+        tmp[24 - k] = b'-'
+    return put(b, tmp + 24 - k, k)
 
 
 cdef int put_str(Buf* b, object s) except -1:
@@ -254,6 +254,14 @@ cdef object _i64_array(I64s* v):
     return out
 
 
+cdef object _f64_array(F64s* v):
+    out = np.empty(v.n, dtype=float)
+    cdef double[::1] mv = out
+    if v.n:
+        memcpy(&mv[0], v.data, v.n * sizeof(double))
+    return out
+
+
 def plan_gaps(list reqs_, const double[::1] ends, Py_ssize_t off):
     """twin/record_table.py `plan_gaps` (the `Plan`'s fields, as a tuple)."""
     cdef tuple reqs = tuple(reqs_)
@@ -274,7 +282,6 @@ def plan_gaps(list reqs_, const double[::1] ends, Py_ssize_t off):
     nout = np.empty(n, dtype=np.int64)
     cdef long long[::1] fv = first
     cdef long long[::1] ov = nout
-    cdef double[::1] wv
     fv[0] = 0
     if off < 0:
         raise ValueError(f"negative step offset {off}")
@@ -311,11 +318,7 @@ def plan_gaps(list reqs_, const double[::1] ends, Py_ssize_t off):
                     n_out += 1
             fv[i + 1] = start.n
             ov[i] = n_out
-        own = np.empty(braw.n, dtype=float)
-        wv = own
-        if braw.n:
-            memcpy(&wv[0], braw.data, braw.n * sizeof(double))
-        return first, _i64_array(&start), _i64_array(&length), nout, own
+        return first, _i64_array(&start), _i64_array(&length), nout, _f64_array(&braw)
     finally:
         free(start.data)
         free(length.data)
@@ -387,41 +390,49 @@ cdef inline object _r(double x):
     return round6(x)
 
 
+cdef int time_row(tuple cols, double arrival, bint has_ttft, double first, bint ok,
+                  double finish, long long n_out, bint admitted, double queued,
+                  double lost) except -1:
+    """Append one request's rounded times to `cols` (six lists: arrival, TTFT, TPOT, E2E,
+    queue and lost seconds, None where the record has null); `finish` read only when
+    `ok`, `first` only when `has_ttft`, `queued` only when `admitted`."""
+    cdef double ttft = first - arrival if has_ttft else 0.0, e2e
+    (<list>cols[0]).append(_r(arrival))
+    (<list>cols[1]).append(_r(ttft) if has_ttft else None)
+    if ok:
+        e2e = finish - arrival
+        (<list>cols[2]).append(_r((e2e - ttft) / <double>(n_out - 1)) if n_out > 1 else None)
+        (<list>cols[3]).append(_r(e2e))
+    else:
+        (<list>cols[2]).append(None)
+        (<list>cols[3]).append(None)
+    (<list>cols[4]).append(_r(queued) if admitted else None)
+    (<list>cols[5]).append(_r(lost))
+    return 0
+
+
 def times(list reqs_, const long long[::1] n_out):
     """twin/record_table.py `RecordTable._times`: per request, as the record writes them,
     arrival, TTFT, TPOT, E2E, queue and lost seconds (None where the record has null)."""
     cdef tuple reqs = tuple(reqs_)
     cdef Py_ssize_t i, n = len(reqs)
-    cdef double arrival, ttft = 0.0, e2e
-    cdef bint ok, has_ttft
-    cdef list arr_c = [], ttft_c = [], tpot_c = [], e2e_c = [], queue_c = [], lost_c = []
+    cdef bint ok, has_ttft, admitted
+    cdef double finish
+    cdef tuple cols = ([], [], [], [], [], [])
     if n_out.shape[0] != n:
         raise ValueError(f"{n_out.shape[0]} output counts for {n} records")
     for i in range(n):
         r = reqs[i]
         ok = r.status == "ok"
-        arrival = r.arrival_s
         fts = r.first_token_s
         has_ttft = fts is not None
-        if has_ttft:
-            ttft = <double>fts - arrival
-        arr_c.append(_r(arrival))
-        ttft_c.append(_r(ttft) if has_ttft else None)
-        if ok:
-            e2e = <double>r.finish_s - arrival
-            if n_out[i] > 1:
-                if not has_ttft:
-                    raise TypeError(f"request {r.rid!r}: ok without a first token")
-                tpot_c.append(_r((e2e - ttft) / <double>(n_out[i] - 1)))
-            else:
-                tpot_c.append(None)
-            e2e_c.append(_r(e2e))
-        else:
-            tpot_c.append(None)
-            e2e_c.append(None)
-        queue_c.append(_r(r.queued_s) if r.first_admit_s is not None else None)
-        lost_c.append(_r(r.lost_s))
-    return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+        finish = r.finish_s if ok else 0.0  # (an ok request without a finish: TypeError)
+        if ok and n_out[i] > 1 and not has_ttft:
+            raise TypeError(f"request {r.rid!r}: ok without a first token")
+        admitted = r.first_admit_s is not None
+        time_row(cols, r.arrival_s, has_ttft, fts if has_ttft else 0.0, ok, finish,
+                 n_out[i], admitted, r.queued_s if admitted else 0.0, r.lost_s)
+    return cols
 
 
 def times_of(const double[::1] arrival, const double[::1] first, const double[::1] finish,
@@ -433,31 +444,19 @@ def times_of(const double[::1] arrival, const double[::1] first, const double[::
     or with tokens after the first without a first token (`times` then raises on its
     attributes, as the Python code does)."""
     cdef Py_ssize_t i, n = arrival.shape[0]
-    cdef double a, ttft = 0.0, e2e
-    cdef bint has_ttft
-    cdef list arr_c = [], ttft_c = [], tpot_c = [], e2e_c = [], queue_c = [], lost_c = []
+    cdef bint ok, has_ttft
+    cdef tuple cols = ([], [], [], [], [], [])
     if not (first.shape[0] == finish.shape[0] == status.shape[0] == n_out.shape[0]
             == queued.shape[0] == admitted.shape[0] == lost.shape[0] == n):
         raise ValueError("times_of: columns of different lengths")
     for i in range(n):
-        a = arrival[i]
         has_ttft = not isnan(first[i])
-        if has_ttft:
-            ttft = first[i] - a
-        arr_c.append(_r(a))
-        ttft_c.append(_r(ttft) if has_ttft else None)
-        if status[i] == ok_code:
-            if isnan(finish[i]) or (n_out[i] > 1 and not has_ttft):
-                return None
-            e2e = finish[i] - a
-            tpot_c.append(_r((e2e - ttft) / <double>(n_out[i] - 1)) if n_out[i] > 1 else None)
-            e2e_c.append(_r(e2e))
-        else:
-            tpot_c.append(None)
-            e2e_c.append(None)
-        queue_c.append(_r(queued[i]) if admitted[i] else None)
-        lost_c.append(_r(lost[i]))
-    return arr_c, ttft_c, tpot_c, e2e_c, queue_c, lost_c
+        ok = status[i] == ok_code
+        if ok and (isnan(finish[i]) or (n_out[i] > 1 and not has_ttft)):
+            return None
+        time_row(cols, arrival[i], has_ttft, first[i], ok, finish[i], n_out[i],
+                 admitted[i] != 0, queued[i], lost[i])
+    return cols
 
 
 # ---- records as dicts ----------------------------------------------------------------------
@@ -763,7 +762,7 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
     The step gaps are whole microseconds (`np.round(..., 6)`: K / 10**6 for an integer
     K): those below `_DENSE` microseconds are counted by K in an array, the others
     (and any value that is not such a number) sorted by numpy."""
-    cdef Py_ssize_t m = values.shape[0], k, g, j, at = -1
+    cdef Py_ssize_t m = values.shape[0], k, g, at = -1
     cdef long long s, c = 0
     cdef double x, kd, prev = 0.0
     if starts.shape[0] != lens.shape[0]:
@@ -804,13 +803,9 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
         nz = np.flatnonzero(dense)
         u, w = nz / 1e6, dense[nz]  # (K / 10**6: the double np.round gave)
         if ov.n:
-            o_v = np.empty(ov.n, dtype=float)
-            o_w = np.empty(ov.n, dtype=float)
-            for j in range(ov.n):
-                o_v[j] = ov.data[j]
-                o_w[j] = ow.data[j]
-            u, inv = np.unique(np.concatenate((u, o_v)), return_inverse=True)
-            w = np.bincount(inv, weights=np.concatenate((w, o_w)), minlength=len(u))
+            u, inv = np.unique(np.concatenate((u, _f64_array(&ov))), return_inverse=True)
+            w = np.bincount(inv, weights=np.concatenate((w, _f64_array(&ow))),
+                            minlength=len(u))
         return u, w
     finally:
         free(ov.data)

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from twin.metrics import SLO, STATUSES, summarize, summary_from_columns, write_records
+from twin.metrics import SLO, summarize, summary_from_columns, write_records
 from twin.outputs import BlockWriter
 from twin.record_table import (
+    STATUS_CODES,
     Cols,
     RecordTable,
     add_weighed,
@@ -183,7 +184,6 @@ class RecordSink:
         col("seq", []).append(seq)
         col("group", []).append(np.full(n, group, dtype=np.int8))
         col("worker", []).append(np.full(n, worker, dtype=np.int32))
-        code = {s: i for i, s in enumerate(STATUSES)}
         c = table.columns()
         if c is not None:  # (read in one pass)
             raw, index, status, rids = c.arrival, c.index, c.status, c.rids
@@ -193,7 +193,7 @@ class RecordSink:
         else:
             raw = np.array([r.arrival_s for r in reqs], dtype=float)
             index = np.array([r.index for r in reqs], dtype=np.int64)
-            status = np.array([code[r.status] for r in reqs], dtype=np.int8)
+            status = np.array([STATUS_CODES[r.status] for r in reqs], dtype=np.int8)
             rids = [r.rid for r in reqs]
             ints = {"prompt_tokens": [r.prompt_tokens for r in reqs],
                     "cached_tokens": [r.cached_tokens for r in reqs],
@@ -212,7 +212,7 @@ class RecordSink:
         self._rids += rids
         # the ITL pieces of `ok` records: a step range of the timeline (absolute step
         # index, count) or a boundary gap (-(1 + its index among all chunks' gaps), 1)
-        ok = status == code["ok"]
+        ok = status == STATUS_CODES["ok"]
         at = row_pieces(plan.first, np.flatnonzero(ok))
         start = plan.start[at]
         own = start < 0

@@ -89,7 +89,7 @@ class Cols(NamedTuple):
                     [self.errors[i] for i in at.tolist()])
 
 
-_CODES = {s: i for i, s in enumerate(STATUSES)}
+STATUS_CODES = {s: i for i, s in enumerate(STATUSES)}
 
 
 def request_columns(reqs: Sequence) -> Cols | None:
@@ -99,7 +99,7 @@ def request_columns(reqs: Sequence) -> Cols | None:
     read the attributes themselves, as before."""
     if _C is None:
         return None
-    got = _C.columns(reqs if type(reqs) is list else list(reqs), _CODES)
+    got = _C.columns(reqs if type(reqs) is list else list(reqs), STATUS_CODES)
     return None if got is None else Cols(*got)
 
 
@@ -303,7 +303,7 @@ class RecordTable(Sequence):
             c = self.columns()
             if c is not None:  # (from the columns read already)
                 self._rounded = _C.times_of(
-                    c.arrival, c.first_token, c.finish, c.status, _CODES["ok"],
+                    c.arrival, c.first_token, c.finish, c.status, STATUS_CODES["ok"],
                     self._plan().n_out, c.queued, c.admitted.view(np.int8), c.lost)
             if self._rounded is None:
                 self._rounded = _C.times(self._reqs, self._plan().n_out)

@@ -356,8 +356,7 @@ class OpdbStepTime:
         new-token and prefix axes and table, the measured context length, the step-token
         and LM-head tables, and the set of warnings given: beyond a table the kernel
         computes the same extrapolation once the warning has been given here)."""
-        return (self._eager, self._per_request, np.asarray(self._cn_list, dtype=float),
-                np.asarray(self._cp_list, dtype=float), self.ctx_table,
+        return (self._eager, self._per_request, self.cn, self.cp, self.ctx_table,
                 self.extents.context_tokens, self.tok_ctx, self.head, self._warned)
 
     # -- the contract ---------------------------------------------------------------
