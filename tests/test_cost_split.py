@@ -21,11 +21,14 @@ def test_the_split_names_each_part_and_adds_up():
     rows, parts = ({m.group(1): float(m.group(2))
                     for m in re.finditer(r"^\| ([^|]+?) \| ([0-9.]+) \|", text, re.M)}
                    for text in (whole, by_part))
+    # per request, to 0.1 us: a 300-request loop can take under 0.005 CPU-s (0.00 above)
+    micros = {m.group(1): float(m.group(2))
+              for m in re.finditer(r"^\| ([^|]+?) \| [0-9.]+ \| ([0-9.]+) \|", whole, re.M)}
     assert set(rows) == {
         "the workload (generated)", "the replica and its step-time tables",
         "the scheduler loop", "the records and summary", "summary.json and timeseries.csv",
         "everything else (imports, the command line)"}, out
-    assert rows["the scheduler loop"] > 0 and rows["the records and summary"] > 0, out
+    assert micros["the scheduler loop"] > 0 and micros["the records and summary"] > 0, out
     # each row is rounded to 0.01 s
     assert abs(sum(rows.values()) - total) <= 0.005 * len(rows) + 0.005, out
     # one chunk (300 requests): the in-memory path's lines and summary, and the rest
