@@ -44,6 +44,11 @@ COMMANDS = {"simulate": "servetwin.cmd_simulate", "perf": "servetwin.cmd_perf",
 # (benchmarks/startup_speed.py). Not for `live`, `calibrate`, `validate`, `emulate` or `rl`:
 # the servers they start and torch inherit the environment.
 ONE_BLAS_THREAD = ("simulate", "perf", "plan", "claims", "report", "alerts")
+# Commands whose process ends with a run that makes no cycles worth collecting: as a
+# console script (`argv` None) the collector is off from the start and nothing is
+# collected on the way out (twin/collector.py `off_to_the_end`; docs/perf.md, seventeenth
+# round). Not `live`, `calibrate`, `emulate` or `rl`: servers and training run for long.
+COLLECTOR_OFF = ("simulate",)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -67,9 +72,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # the console script: the process ends with the command
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["simulate"]  # the built-in default: the finance-qa workload
+    if process and argv[0] in COLLECTOR_OFF:
+        from twin.collector import off_to_the_end
+
+        with off_to_the_end():
+            return _main(argv)
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     # only in a fresh process: once numpy is loaded the setting no longer acts here, and a
     # caller's process (a test session calling `main`) must not pass it to the servers it
     # starts later

@@ -25,3 +25,20 @@ def paused() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
+
+@contextlib.contextmanager
+def off_to_the_end() -> Iterator[None]:
+    """The collector off for the rest of a process that ends with the block (a console
+    command that simulates): its imports and its run make no cycles worth a collection,
+    and at the block's end what is still alive (the command's modules and caches; a
+    SimPy environment's few cycles holding a run's state) is moved out of the
+    collector's sight (`gc.freeze`), so that neither a collection on the way out nor the
+    interpreter's own collections at exit walk what the process is about to drop. Not
+    for a caller that goes on (a test session calling `main`): frozen objects are never
+    collected."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
