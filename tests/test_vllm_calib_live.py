@@ -93,6 +93,6 @@ def test_the_calibrated_replica_of_a_deployment_runs_seqs_as_the_server(calibrat
     twin = vl.simulate(work, str(engine.harness.model_dir), calibrated)  # calibration: FILE
     lrow, trow = vl.live_row("seqs", live, delta), vl.twin_row("seqs", twin)
     assert lrow["ok"] == trow["ok"] == 10
-    assert lrow["max_running"] == trow["max_running"] == 4
+    assert lrow["max_running"] == trow["max_running"] == 4, (lrow, trow)
     assert lrow["fcfs"] and trow["fcfs"]
     assert vl.first_token_order(twin.records) == vl.arrival_order(twin.records)
