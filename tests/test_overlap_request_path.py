@@ -84,6 +84,26 @@ def test_closed_loop_source_through_the_request_path():
     assert sent == pytest.approx(1.005)
 
 
+
+def test_an_open_loop_released_at_once_is_the_tokenizer_one_request_at_a_time():
+    """Source._fill_open's one loop (the tokenizer's arithmetic inlined, one heapify) gives
+    the arrivals `Tokenizer.arrival` gives request by request, bit for bit, in the same
+    order, with the same send times handed out."""
+    wl = from_spec("arrival=gamma,cv=3,rate=400,n=3000,prompt=uniform:10:4000,"
+                   "output=fixed:4", seed=3)  # bursts: the queue builds and drains
+    path = RequestPath(per_request_s=4.53e-3, per_token_s=4.14e-6, latency_s=2.9e-3)
+    src = Source(wl, path)
+    tok = Tokenizer(path)
+    want = [(tok.arrival(r.arrival_s, r.prompt_tokens), r.arrival_s, r.rid)
+            for r in wl.requests]
+    want.sort(key=lambda w: w[0])  # (stable: equal arrivals keep the sending order)
+    got = []
+    while src.next_time() is not None:
+        t = src.next_time()
+        got += [(t, sent, req.rid) for sent, req in src.pop_ready(t)]
+    assert got == want
+    assert any(a > s + 0.01 for a, s, _ in got)  # some waited in the queue
+
 def test_without_a_path_the_source_is_unchanged():
     wl = from_spec("arrival=closed,concurrency=2,n=3,prompt=fixed:1000,output=fixed:4",
                    seed=0)

@@ -75,21 +75,42 @@ class Source:
         pending, ready, offset, seq = self._pending, self._ready, self._offset, self._seq
         if not pending:
             return
-        push, sent_of = heapq.heappush, self._sent
-        arrival = None if self._tokenizer is None else self._tokenizer.arrival
-        for req in pending:
-            sent = req.arrival_s + offset  # (max(arrival + offset, now), as `_fill`)
-            if sent < now:
-                sent = now
-            if arrival is None:
-                push(ready, (sent, seq, req))
-            else:
-                push(ready, (arrival(sent, req.prompt_tokens), seq, req))
-                sent_of[seq] = sent
-            seq += 1
+        tok = self._tokenizer
+        if tok is None:
+            items = []
+            add = items.append
+            for req in pending:
+                sent = req.arrival_s + offset  # (max(arrival + offset, now), as `_fill`)
+                add((now if sent < now else sent, seq, req))
+                seq += 1
+        else:
+            items, seq = self._through(tok, now, seq)
+        # one heapify instead of a push each: (time, seq) keys are distinct, so the heap
+        # hands them out in the same order
+        ready += items
+        heapq.heapify(ready)
         self._in_flight += len(pending)
         self._seq = seq
         pending.clear()
+
+    def _through(self, tok: Tokenizer, now: float, seq: int) -> tuple[list, int]:
+        """`_fill_open`'s requests through the tokenizer's queue: `Tokenizer.arrival`'s
+        arithmetic, in the same order of operations, in one loop."""
+        items, sent_of, offset = [], self._sent, self._offset
+        add = items.append
+        per_request, per_token = tok.path.per_request_s, tok.path.per_token_s
+        latency, free = tok.path.latency_s, tok.free_at
+        for req in self._pending:
+            sent = req.arrival_s + offset
+            if sent < now:
+                sent = now
+            start = free if free > sent else sent  # max(sent, free)
+            free = start + (per_request + per_token * req.prompt_tokens)
+            add((free + latency, seq, req))
+            sent_of[seq] = sent
+            seq += 1
+        tok.free_at = free
+        return items, seq
 
     def next_time(self) -> float | None:
         """Send time of the next request, or None when nothing more will be sent until a
