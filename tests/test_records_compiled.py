@@ -215,8 +215,8 @@ def _req(**kw) -> Req:
 
 def test_inputs_that_would_read_outside_the_arrays_raise_instead() -> None:
     """The compiled code reads its arrays unchecked; each of these once reached past them
-    (integer overflow in a bounds check, a list that changed under a writer, a refused
-    second __init__): now each raises, and nothing is read."""
+    (integer overflow in a bounds check, a list that changed under a writer, a second
+    __init__): now each raises, and nothing is read."""
     ends = np.arange(5.0)
     with pytest.raises(IndexError, match="outside the steps"):  # a - off wrapped around
         COMPILED.plan_gaps([_req(tok_events=[(-2**63, -2**62), 1.0])], ends, 1)
@@ -235,9 +235,12 @@ def test_inputs_that_would_read_outside_the_arrays_raise_instead() -> None:
     reqs.extend(_req() for _ in range(1000))  # the writer keeps its own copy
     with pytest.raises(IndexError, match="block 0..1001 of 1"):
         w.block(0, len(reqs))
-    with pytest.raises(ValueError):  # refused: the writer keeps the columns it had
+    with pytest.raises(TypeError, match="initialized once"):  # its text is read uncopied
         w.__init__([_req()], np.array([0, 1], i64), np.array([10**6], i64),
                    np.array([10**6], i64), **args)
+    with pytest.raises(TypeError, match="initialized once"):  # however right the inputs
+        w.__init__(reqs, np.array([0, 1], i64), np.array([1], i64), np.array([2], i64),
+                   **args)
     assert w.block(0, 1)[0] == line
 
 

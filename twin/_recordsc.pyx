@@ -83,6 +83,12 @@ cdef inline int put_repr(Buf* b, double x) except -1:
     return put_dtoa(b, x)
 
 
+# "00" .. "99": two decimal digits per lookup
+cdef const char* _PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233"
+                           b"34353637383940414243444546474849505152535455565758596061626364656667"
+                           b"6869707172737475767778798081828384858687888990919293949596979899")
+
+
 cdef int put_micros(char* out, double x) noexcept nogil:
     """repr(x) written to `out` (room for 32 bytes) when x is a whole number of
     microseconds, the double nearest some K / 10**6, with 1e-4 <= |x| < 2**28: the
@@ -95,7 +101,8 @@ cdef int put_micros(char* out, double x) noexcept nogil:
     more than x's ulp (at most 2**-24 below 2**28), so it cannot read back as x. From
     1e-4 on, repr writes the digits without an exponent."""
     cdef double ax = fabs(x), kd
-    cdef long long k, ip, fp
+    cdef unsigned long long k, ip
+    cdef unsigned int fp, hi, lo
     cdef int n = 0, j, digits
     cdef char tmp[24]
     if not (ax >= 1e-4 and ax < 268435456.0):  # (NaN fails both)
@@ -103,27 +110,33 @@ cdef int put_micros(char* out, double x) noexcept nogil:
     kd = rint(ax * 1e6)  # K: ax * 1e6 < 2**48, within 1/4 of it
     if kd / 1e6 != ax:  # (IEEE division: the double nearest K / 10**6)
         return 0
-    k = <long long>kd
+    k = <unsigned long long>kd
     ip = k // 1000000
-    fp = k % 1000000
+    fp = <unsigned int>(k % 1000000)
     if x < 0:
         out[0] = 45  # '-'
         n = 1
-    j = digits_before(tmp + 24, <unsigned long long>ip)
-    memcpy(out + n, tmp + 24 - j, j)
-    n += j
+    if ip == 0:  # (the gaps: under a second)
+        out[n] = 48
+        n += 1
+    else:
+        j = digits_before(tmp + 24, ip)
+        memcpy(out + n, tmp + 24 - j, j)
+        n += j
     out[n] = 46  # '.'
     n += 1
     if fp == 0:
         out[n] = 48
         return n + 1
+    # the six decimals, two at a time, then the trailing zeros dropped
+    hi = fp // 10000
+    lo = fp % 10000
+    memcpy(out + n, _PAIRS + 2 * hi, 2)
+    memcpy(out + n + 2, _PAIRS + 2 * (lo // 100), 2)
+    memcpy(out + n + 4, _PAIRS + 2 * (lo % 100), 2)
     digits = 6
-    while fp % 10 == 0:
-        fp //= 10
+    while out[n + digits - 1] == 48:
         digits -= 1
-    for j in range(digits - 1, -1, -1):
-        out[n + j] = <char>(48 + fp % 10)
-        fp //= 10
     return n + digits
 
 
@@ -533,7 +546,8 @@ cdef class LineWriter:
     cdef const long long[::1] n_out
     cdef const double[::1] own
     cdef tuple times
-    cdef bytes text  # every step gap's repr and a comma, in the timeline's order
+    cdef char* text  # every step gap's repr and a comma, in the timeline's order (owned)
+    cdef bint built  # __init__ ran: it runs once (`block` reads `text` without a copy)
     cdef const long long[::1] text_at  # where step gap g's text starts (and ends: g + 1)
     cdef Buf out  # a block's lines, kept from block to block (no fresh pages each time)
     # the requests' columns (twin/record_table.py `Cols`), where read already: prompt,
@@ -546,6 +560,7 @@ cdef class LineWriter:
 
     def __dealloc__(self):
         free(self.out.data)
+        free(self.text)
 
     def __init__(self, list reqs, first, start, length, n_out, times, uniq, inv, own,
                  cols=None, tuple statuses=None):
@@ -557,6 +572,8 @@ cdef class LineWriter:
         cdef Buf d, b
         cdef Py_ssize_t j, g, n_gaps
         cdef bint direct = inv is None
+        if self.built:
+            raise TypeError("a LineWriter is initialized once")
         cdef const double[::1] u = np.ascontiguousarray(uniq, dtype=float)
         cdef const long long[::1] iv = np.ascontiguousarray(
             np.empty(0, dtype=np.int64) if direct else inv, dtype=np.int64)
@@ -597,7 +614,8 @@ cdef class LineWriter:
                     j = iv[g]
                     put(&b, d.data + dv[j], dv[j + 1] - dv[j])
                     av[g + 1] = b.n
-            self.text = b.data[:b.n] if b.n else b""
+            self.text, b.data = b.data, NULL  # (kept as it is: no copy into a bytes)
+            self.built = True
         finally:
             free(d.data)
             free(b.data)
@@ -627,8 +645,7 @@ cdef class LineWriter:
         cdef Buf b
         cdef Py_ssize_t i, k, g, s, e, line0
         cdef list tl
-        cdef bytes txt = self.text  # held here: a re-__init__ during the loop cannot free it
-        cdef const char* text = txt
+        cdef const char* text = self.text  # (freed only with the writer: built once)
         cdef tuple reqs = self.reqs
         if not 0 <= i0 <= i1 <= len(reqs):
             raise IndexError(f"block {i0}..{i1} of {len(reqs)} records")
