@@ -329,6 +329,11 @@ def test_timeseries_rows_are_written_as_str_writes_them(rows: list) -> None:
     assert COMPILED.csv_block(rows, 0, len(rows)) == want
     if rows:
         assert COMPILED.csv_block(rows, 1, len(rows)) == want[want.index(b"\n") + 1:]
+    for width in (0, 1, 3, 11):  # a fleet's rows (twin/fleet.py write_fleet_series)
+        fleet = "".join(",".join("" if x is None else str(x)
+                                 for x in list(row[:width]) + [""] * (width - len(row)))
+                        + "\n" for row in rows).encode()
+        assert COMPILED.csv_block(rows, 0, len(rows), width, True) == fleet
 
 
 def _fits(r) -> bool:

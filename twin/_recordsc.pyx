@@ -881,9 +881,12 @@ cdef class Gather:
 
 
 # ---- timeseries.csv --------------------------------------------------------------------------
-def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1):
+def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t width=-1,
+              bint none_empty=False):
     """`"".join(",".join(map(str, row)) + "\\n" for row in rows[i0:i1])`, UTF-8 encoded:
-    floats by repr (which str is), ints as digits, anything else by its own str."""
+    floats by repr (which str is), ints as digits, anything else by its own str.
+    `width` >= 0: each row cut or padded to that many cells (padding: empty cells);
+    `none_empty`: None as an empty cell (a fleet's timeseries.csv, twin/fleet.py)."""
     cdef Buf b
     cdef Py_ssize_t i, j, m
     cdef tuple row
@@ -894,7 +897,7 @@ def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1):
     try:
         for i in range(i0, i1):
             row = tuple(rows[i])
-            m = len(row)
+            m = len(row) if width < 0 else min(len(row), width)
             for j in range(m):
                 if j:
                     put(&b, ",", 1)
@@ -903,9 +906,14 @@ def csv_block(list rows, Py_ssize_t i0, Py_ssize_t i1):
                     put_repr(&b, <double>x)
                 elif type(x) is int:
                     put_int(&b, x)
+                elif x is None and none_empty:
+                    pass
                 else:
                     s = str(x).encode()
                     put(&b, s, len(s))
+            for j in range(m, width):  # (padding)
+                if j:
+                    put(&b, ",", 1)
             put(&b, "\n", 1)
         return b.data[:b.n] if b.n else b""
     finally:
