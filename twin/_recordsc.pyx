@@ -779,7 +779,7 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
     The step gaps are whole microseconds (`np.round(..., 6)`: K / 10**6 for an integer
     K): those below `_DENSE` microseconds are counted by K in an array, the others
     (and any value that is not such a number) sorted by numpy."""
-    cdef Py_ssize_t m = values.shape[0], k, g, at = -1
+    cdef Py_ssize_t m = values.shape[0], k, g, at = -1, k_lo = _DENSE, k_hi = -1
     cdef long long s, c = 0
     cdef double x, kd, prev = 0.0
     if starts.shape[0] != lens.shape[0]:
@@ -813,11 +813,16 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
                 at = <Py_ssize_t>kd
                 prev = x
                 dv[at] += <double>c
+                if at < k_lo:
+                    k_lo = at
+                if at > k_hi:
+                    k_hi = at
             else:
                 at = -1
                 push_f(&ov, x)
                 push_f(&ow, <double>c)
-        nz = np.flatnonzero(dense)
+        nz = np.flatnonzero(dense[k_lo:k_hi + 1]) + k_lo if k_hi >= 0 else \
+            np.empty(0, dtype=np.intp)  # (only the microseconds taken: not all 2**20)
         u, w = nz / 1e6, dense[nz]  # (K / 10**6: the double np.round gave)
         if ov.n:
             u, inv = np.unique(np.concatenate((u, _f64_array(&ov))), return_inverse=True)
