@@ -780,7 +780,7 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
     K): those below `_DENSE` microseconds are counted by K in an array, the others
     (and any value that is not such a number) sorted by numpy."""
     cdef Py_ssize_t m = values.shape[0], k, g, at = -1, k_lo = _DENSE, k_hi = -1
-    cdef long long s, c = 0
+    cdef long long s, c = 0, run = 0  # run: what the current run of `at` took so far
     cdef double x, kd, prev = 0.0
     if starts.shape[0] != lens.shape[0]:
         raise ValueError(f"{starts.shape[0]} starts for {lens.shape[0]} lengths")
@@ -805,14 +805,16 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
             c += ev[g]
             if c == 0:
                 continue
-            if at >= 0 and x == prev:  # (a run of equal gaps: the same microsecond)
-                dv[at] += <double>c
+            if at >= 0 and x == prev:  # (a run of equal gaps: the same microsecond,
+                run += c               # counted here and added to its counter at the end)
                 continue
+            if at >= 0:
+                dv[at] += <double>run
             kd = rint(x * 1e6)
             if kd < _DENSE and kd / 1e6 == x:
                 at = <Py_ssize_t>kd
                 prev = x
-                dv[at] += <double>c
+                run = c
                 if at < k_lo:
                     k_lo = at
                 if at > k_hi:
@@ -821,6 +823,8 @@ def weigh_micros(const double[::1] values, const long long[::1] starts,
                 at = -1
                 push_f(&ov, x)
                 push_f(&ow, <double>c)
+        if at >= 0:
+            dv[at] += <double>run
         nz = np.flatnonzero(dense[k_lo:k_hi + 1]) + k_lo if k_hi >= 0 else \
             np.empty(0, dtype=np.intp)  # (only the microseconds taken: not all 2**20)
         u, w = nz / 1e6, dense[nz]  # (K / 10**6: the double np.round gave)
