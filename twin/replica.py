@@ -26,7 +26,7 @@ from twin.admission import CONTINUE, NO_TOKEN, Adder
 from twin.chunk_cache import cache_chunk
 from twin.compiled import load
 from twin.config import Capacity, ServerArgs
-from twin.decider import Decider, PolicyDecider
+from twin.decider import AgentDecider, Decider, PolicyDecider
 from twin.decode_cut import CutRuns
 from twin.errors import ServetwinError
 from twin.inbox import Inbox
@@ -422,18 +422,20 @@ class Replica(Inbox, KVMemory, CutRuns):
 
     def _decide(self, now: float, candidate: int | None = None,
                 tokens_needed: float = 0.0) -> Iterator[simpy.Event]:
-        """The decider's plan for a question asked from a snapshot of now. A policy that
-        answers at once, with nothing recorded, gets the running views on demand."""
+        """The decider's plan for a question asked from a snapshot of now. A decider that
+        keeps no snapshot gets the running views on demand: a policy answering at once
+        with nothing recorded, or an agent (the gymnasium environment), which reads them
+        while this process waits for its answer (nothing moves the batch meanwhile); the
+        views are closed once the plan is in."""
         d = self.decider
-        lazy = type(d) is PolicyDecider and d.log is None
+        lazy = (type(d) is PolicyDecider and d.log is None) or type(d) is AgentDecider
         snap = self.snapshot(now, candidate, tokens_needed, lazy)
         ans = d.ask(snap)
+        if not isinstance(ans, Plan):
+            ans = yield ans
         if lazy:
             snap.running.close()
-        if isinstance(ans, Plan):
-            return ans
-        plan = yield ans
-        return plan
+        return ans
 
     def _order_waiting(self, now: float) -> Iterator[simpy.Event]:
         """Order the queue; returns how many of it may be admitted (None: all)."""
