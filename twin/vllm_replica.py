@@ -38,6 +38,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import repeat
 
 import numpy as np
 import simpy
@@ -464,7 +465,7 @@ class VllmReplica(Inbox):
         for _ in range(new - fresh):
             discard(pop(last=False)[0])  # a cached block reused from the head: evicted
         tag = self._tag
-        held.extend([("p", t) for t in range(tag + 1, tag + new + 1)])
+        held.extend(zip(repeat("p"), range(tag + 1, tag + new + 1)))  # ("p", t) each
         self._tag = tag + new
         return True
 
@@ -487,14 +488,24 @@ class VllmReplica(Inbox):
         self._upto[r.index] = full
         keys = self._prompt_keys(r)
         hashed, refs, n_keys = self.hashed, self.refs, len(keys)
-        for b in range(first, full):
+        add = hashed.add
+        # the prompt's blocks, then the outputs' (keyed by request and position)
+        m = max(first, min(full, n_keys))
+        for b, block, key in zip(range(first, m), held[first:m], keys[first:m], strict=True):
+            if type(block) is not tuple or block[0] != "p" or key in hashed:
+                continue  # cached already, or its key cached by another block: unhashed
+            add(key)
+            refs[key] = 1
+            held[b] = key
+        index = r.index
+        for b in range(max(first, n_keys), full):
             block = held[b]
             if type(block) is not tuple or block[0] != "p":
                 continue
-            key = keys[b] if b < n_keys else ("o", r.index, b)
+            key = ("o", index, b)
             if key in hashed:
-                continue  # already cached by another block: this one stays unhashed
-            hashed.add(key)
+                continue
+            add(key)
             refs[key] = 1
             held[b] = key
 
