@@ -56,6 +56,10 @@ class AgentDecider:
     def ask(self, snap: Snapshot) -> Plan | simpy.Event:
         if not self.takes(snap):
             return self.policy.decide(snap)
+        # a question the agent takes may be kept (a log, a test's rollout): its running
+        # views are built now, while the requests are as the snapshot saw them (those of a
+        # snapshot built on demand, `RunningViews`, then last after the answer)
+        tuple(snap.running)
         self.pending = snap
         self._answer = self.env.event()
         asked, self.asked = self.asked, self.env.event()

@@ -111,12 +111,10 @@ def _log(x, scale: float):
 
 
 def _arrays(views: tuple[RequestView, ...]) -> dict[str, np.ndarray]:
-    return {
-        "arrival": np.array([r.arrival_s for r in views], float),
-        "prompt": np.array([r.prompt_tokens for r in views], float),
-        "prefix": np.array([r.prefix_len for r in views], float),
-        "prio": np.array([r.priority for r in views], float),
-    }
+    # one pass over the views, one array; its columns (views of it) hold the same values
+    cols = np.array([(r.arrival_s, r.prompt_tokens, r.prefix_len, r.priority)
+                     for r in views], float).reshape(-1, 4).T
+    return {"arrival": cols[0], "prompt": cols[1], "prefix": cols[2], "prio": cols[3]}
 
 
 def _targets(t: SloTargets, prompt: np.ndarray, prio: np.ndarray) -> np.ndarray:
@@ -187,16 +185,29 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int) -> np.ndarray:
     target = _targets(t, prompt, a["prio"])
     late = (snap.now - a["arrival"]) / target  # the wait so far in units of the TTFT target
     doc = prompt >= t.doc_tokens
-    oldest = sorted(range(n), key=lambda i: (a["arrival"][i], i))[:k]
-    for s, i in enumerate(oldest):
-        slots[s] = (1.0, _log(prompt[i], 12), _log(uncached[i], 12),
-                    prefix[i] / max(prompt[i], 1.0), min(late[i], 8.0) / 8, a["prio"][i] / 20,
-                    float(doc[i]))
+    oldest = np.array(sorted(range(n), key=lambda i: (a["arrival"][i], i))[:k], dtype=np.intp)
+    # the slots column by column: the same element-wise operations as one slot at a time
+    # (max/min as np.maximum/np.minimum: the same values, NaN included)
+    m = len(oldest)
+    p_o = prompt[oldest]
+    slots[:m, 0] = 1.0
+    slots[:m, 1] = _log(p_o, 12)
+    slots[:m, 2] = _log(uncached[oldest], 12)
+    slots[:m, 3] = prefix[oldest] / np.maximum(p_o, 1.0)
+    slots[:m, 4] = np.minimum(late[oldest], 8.0) / 8
+    slots[:m, 5] = a["prio"][oldest] / 20
+    slots[:m, 6] = doc[oldest]
     short = ~doc
-    queue[1:] = (short.mean(), _log(uncached.sum(), 14), _log(uncached.min(), 12),
-                 min(late.max(), 8.0) / 8, (late > 1).mean(),
-                 (late[short] > 1).mean() if short.any() else 0.0, _log(doc.sum(), 4))
+    queue[1:] = (_share(short), _log(uncached.sum(), 14), _log(uncached.min(), 12),
+                 min(late.max(), 8.0) / 8, _share(late > 1),
+                 _share(late[short] > 1) if short.any() else 0.0, _log(doc.sum(), 4))
     return np.concatenate([slots.ravel(), queue])
+
+
+def _share(mask: np.ndarray) -> float:
+    """`mask.mean()` of a non-empty boolean array: its count over its length, the same
+    float64 (a whole-number sum divided once)."""
+    return np.count_nonzero(mask) / mask.size
 
 
 def _running(snap: Snapshot, t: SloTargets) -> np.ndarray:
@@ -210,21 +221,24 @@ def _running(snap: Snapshot, t: SloTargets) -> np.ndarray:
     run[3:6] = (used / cap, snap.kv_free / cap, snap.kv_evictable / cap)
     if not n:
         return np.concatenate([run, slo])
-    a = _arrays(r)
-    left = np.array([x.max_new_tokens - x.generated_tokens for x in r], float)
-    run[1] = (a["prompt"] >= t.doc_tokens).mean()
+    # one pass over the views: arrival, prompt, priority, tokens left, first token, generated
+    cols = np.array([(x.arrival_s, x.prompt_tokens, x.priority,
+                      x.max_new_tokens - x.generated_tokens,
+                      np.nan if x.first_token_s is None else x.first_token_s,
+                      x.generated_tokens) for x in r], float).T
+    a = {"arrival": cols[0], "prompt": cols[1], "prio": cols[2]}
+    left, first, gen = cols[3], cols[4], cols[5]
+    run[1] = _share(a["prompt"] >= t.doc_tokens)
     run[2] = _log(left.sum(), 12)
     run[6] = sum(x.reserved_tokens for x in r) / cap
-    first = np.array([np.nan if x.first_token_s is None else x.first_token_s for x in r])
     started = ~np.isnan(first)
     if started.any():
         ttft = (first - a["arrival"])[started]
         ratio = ttft / _targets(t, a["prompt"], a["prio"])[started]
-        slo[0] = (ratio > 1).mean()
+        slo[0] = _share(ratio > 1)
         slo[1] = min(ratio.mean(), 4.0) / 4
-    gen = np.array([x.generated_tokens for x in r], float)
     decoding = started & (gen > 1)
     if decoding.any() and t.tpot_s:
         tpot = (snap.now - first[decoding]) / (gen[decoding] - 1)
-        slo[2] = (tpot > t.tpot_s).mean()
+        slo[2] = _share(tpot > t.tpot_s)
     return np.concatenate([run, slo])
