@@ -17,6 +17,7 @@ tokenizer stamps: calibration/profiles.py `tokenizer_costs`; `from_profile`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from twin.inputs import NON_NEGATIVE, check
@@ -89,9 +90,19 @@ class Tokenizer:
 
     def arrival(self, sent: float, prompt_tokens: int) -> float:
         """When a request sent at `sent` reaches the scheduler."""
-        start = max(sent, self.free_at)
-        self.free_at = start + self.path.service_s(prompt_tokens)
-        return self.free_at + self.path.latency_s
+        return self.arrivals((sent,), (prompt_tokens,))[0]
+
+    def arrivals(self, sent: Sequence[float], prompt_tokens: Sequence[int]) -> list[float]:
+        """`arrival` of each request in turn, in one loop (an open loop releases a day's
+        requests at once)."""
+        p, free, out = self.path, self.free_at, []
+        add = out.append
+        for s, n in zip(sent, prompt_tokens, strict=True):
+            start = free if free > s else s  # max(s, free)
+            free = start + (p.per_request_s + p.per_token_s * n)  # (service_s(n), inline)
+            add(free + p.latency_s)
+        self.free_at = free
+        return out
 
 
 def client_view(records: list[dict], path: RequestPath) -> list[dict]:

@@ -75,42 +75,23 @@ class Source:
         pending, ready, offset, seq = self._pending, self._ready, self._offset, self._seq
         if not pending:
             return
-        tok = self._tokenizer
-        if tok is None:
-            items = []
-            add = items.append
-            for req in pending:
-                sent = req.arrival_s + offset  # (max(arrival + offset, now), as `_fill`)
-                add((now if sent < now else sent, seq, req))
-                seq += 1
+        sent = []
+        for req in pending:
+            t = req.arrival_s + offset  # (max(arrival + offset, now), as `_fill`)
+            sent.append(now if t < now else t)
+        seqs = range(seq, seq + len(pending))
+        if self._tokenizer is None:
+            times = sent
         else:
-            items, seq = self._through(tok, now, seq)
+            times = self._tokenizer.arrivals(sent, [r.prompt_tokens for r in pending])
+            self._sent.update(zip(seqs, sent, strict=True))
         # one heapify instead of a push each: (time, seq) keys are distinct, so the heap
         # hands them out in the same order
-        ready += items
+        ready += zip(times, seqs, pending, strict=True)
         heapq.heapify(ready)
         self._in_flight += len(pending)
-        self._seq = seq
+        self._seq = seqs.stop
         pending.clear()
-
-    def _through(self, tok: Tokenizer, now: float, seq: int) -> tuple[list, int]:
-        """`_fill_open`'s requests through the tokenizer's queue: `Tokenizer.arrival`'s
-        arithmetic, in the same order of operations, in one loop."""
-        items, sent_of, offset = [], self._sent, self._offset
-        add = items.append
-        per_request, per_token = tok.path.per_request_s, tok.path.per_token_s
-        latency, free = tok.path.latency_s, tok.free_at
-        for req in self._pending:
-            sent = req.arrival_s + offset
-            if sent < now:
-                sent = now
-            start = free if free > sent else sent  # max(sent, free)
-            free = start + (per_request + per_token * req.prompt_tokens)
-            add((free + latency, seq, req))
-            sent_of[seq] = sent
-            seq += 1
-        tok.free_at = free
-        return items, seq
 
     def next_time(self) -> float | None:
         """Send time of the next request, or None when nothing more will be sent until a

@@ -38,7 +38,6 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from itertools import repeat
 
 import numpy as np
 import simpy
@@ -465,7 +464,7 @@ class VllmReplica(Inbox):
         for _ in range(new - fresh):
             discard(pop(last=False)[0])  # a cached block reused from the head: evicted
         tag = self._tag
-        held.extend(zip(repeat("p"), range(tag + 1, tag + new + 1)))  # ("p", t) each
+        held.extend([("p", t) for t in range(tag + 1, tag + new + 1)])
         self._tag = tag + new
         return True
 
@@ -488,24 +487,14 @@ class VllmReplica(Inbox):
         self._upto[r.index] = full
         keys = self._prompt_keys(r)
         hashed, refs, n_keys = self.hashed, self.refs, len(keys)
-        add = hashed.add
-        # the prompt's blocks, then the outputs' (keyed by request and position)
-        m = max(first, min(full, n_keys))
-        for b, block, key in zip(range(first, m), held[first:m], keys[first:m], strict=True):
-            if type(block) is not tuple or block[0] != "p" or key in hashed:
-                continue  # cached already, or its key cached by another block: unhashed
-            add(key)
-            refs[key] = 1
-            held[b] = key
-        index = r.index
-        for b in range(max(first, n_keys), full):
+        for b in range(first, full):
             block = held[b]
             if type(block) is not tuple or block[0] != "p":
                 continue
-            key = ("o", index, b)
+            key = keys[b] if b < n_keys else ("o", r.index, b)
             if key in hashed:
-                continue
-            add(key)
+                continue  # already cached by another block: this one stays unhashed
+            hashed.add(key)
             refs[key] = 1
             held[b] = key
 
