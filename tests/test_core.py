@@ -119,15 +119,46 @@ def test_cache_aware_above_the_queue_limit(monkeypatch, policy) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """A paged pool, the users' preemption design, the twin's deadline policy: the Python
-    replica runs each, and
-    `why_not` says why."""
+    """A paged pool, the users' preemption design, a policy that asks chunk questions:
+    the Python replica runs each, and `why_not` says why."""
     for extra in (["--page-size", "16"], ["--preemption-mode", "conservative"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
-    assert both(["--policy", "deadline", "--workload", "finance-qa,n=40"],
-                monkeypatch) == 0
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "chunks.json"
+        spec.write_text('{"name": "deadline", "params": {"chunk_tokens": 512, '
+                        '"park_steps": 4}}')
+        assert both(["--policy", str(spec), "--workload", "finance-qa,n=40"],
+                    monkeypatch) == 0
+
+
+@pytest.mark.parametrize("spec", [
+    "deadline",  # laxity: documents held while short questions wait or run
+    '{"name": "deadline", "params": {"withhold": "hopeless", "chunk_cap": true}}',
+    '{"name": "menu", "params": {"rule": "edf"}}',
+    '{"name": "menu", "params": {"rule": "spf", "chunk_cap": true}}',
+    "priority",  # the tier order without SGLang's priority scheduling
+    "learned:finance-qa-v2"])
+def test_policies_asked_of_python(monkeypatch, spec) -> None:
+    """A policy the core has no order of its own for is asked pass by pass, as the
+    Python replica asks it (a snapshot built from the core's columns; its plan's order,
+    admission limit and shortest-prefill-first chunk cap applied): the users' mix with
+    its documents, and a drawn mix in a small pool, the same bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if spec.startswith("{"):
+            path = Path(tmp) / "policy.json"
+            path.write_text(spec)
+            spec = str(path)
+        assert both(["--policy", spec, "--workload", "finance-qa,n=150"],
+                    monkeypatch) == 1
+        # tiers, shared prefixes, chunks and a pool small enough to retract
+        assert both(["--policy", spec, *LLAMA, "--step-time-backend", "roofline",
+                     "--max-total-tokens", "20000", "--chunked-prefill-size", "2048",
+                     "--no-ignore-eos",
+                     "--workload", "arrival=poisson,rate=20,n=300,prompt=uniform:100:12000,"
+                     "output=uniform:1:700,templates=4,template_len=500,share=0.6,"
+                     "tiers=0:0.6/5:0.4"], monkeypatch) == 1
 
 
 def test_retractions_failed_growth_and_aborted_prefills(monkeypatch) -> None:

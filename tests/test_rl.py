@@ -393,3 +393,35 @@ def test_features_column_by_column_are_the_slot_by_slot_numbers(name):
             assert got.tobytes() == want.tobytes()
             seen += len(snap.waiting) > 1 and len(snap.running) > 1
     assert seen > 20  # busy passes, not empty ones
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-hold", "tiny-v2", "finance-qa-admit-v2"])
+def test_the_environment_on_the_typed_core_is_the_python_replicas(monkeypatch, name):
+    """The environment's episodes run on the typed core (twin/core.py `start`: its order
+    questions asked of the agent, the snapshots built from its columns) and give the
+    Python replica's observations, rewards and infos exactly: two episodes of seeded
+    random actions each way. A preset whose menu answers chunk questions runs the Python
+    replica (outside the core's coverage)."""
+    from twin import core
+    if core._CORE is None:
+        pytest.skip(f"the typed core is not built: {core.WHY_NO_CORE}")
+
+    def episodes(on: bool) -> list:
+        if on:
+            monkeypatch.delenv("SERVETWIN_PYTHON_LOOP", raising=False)
+        else:
+            monkeypatch.setenv("SERVETWIN_PYTHON_LOOP", "1")
+        env = SchedulingEnv(name)
+        out = []
+        for seed in (3, 4):
+            obs, rewards, info, _ = rollout(env, seed, actions_seed=seed)
+            assert (env.episode.core is not None) == on
+            out.append(([o.tobytes() for o in obs], rewards, json.dumps(info, sort_keys=True)))
+        return out
+
+    typed, python = episodes(True), episodes(False)
+    assert sum(len(r) for _, r, _ in typed) > 20  # questions were asked and answered
+    assert typed == python
+    env = SchedulingEnv("tiny-chunks")
+    env.reset(seed=3)
+    assert env.episode.core is None

@@ -34,7 +34,14 @@ from heapq import heappop, heappush
 import numpy as np
 
 from twin.config import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS
-from twin.policy.base import IN_BATCH_CHECK_THRESHOLD, PREFIX_MATCH_MAX_QUEUE
+from twin.policy.base import (
+    IN_BATCH_CHECK_THRESHOLD,
+    PREFIX_MATCH_MAX_QUEUE,
+    Plan,
+    RequestView,
+    Snapshot,
+    ViewSequence,
+)
 from twin.perf.step_cache import BLOCK as _BLOCK
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
@@ -42,6 +49,33 @@ from twin.views import head_key, prefix_path
 from twin.workload import BENCH_WARMUP_GAP_S
 
 _new = object.__new__
+_UNSET = object()  # a request's head not yet computed (`Core.head_of`)
+
+
+
+class CoreRunning(ViewSequence):
+    """twin/views.py `RunningViews` over the core's columns: the running batch's views
+    for one question, built when first read, valid until its answer (`close`)."""
+
+    __slots__ = ("_core", "_ratio", "_views", "_open")
+
+    def __init__(self, core, tuple idx, double ratio):
+        self._core, self._reqs, self._ratio = core, idx, ratio
+        self._views = None
+        self._open = True
+
+    def views(self):
+        if self._views is None:
+            if not self._open:
+                raise RuntimeError("a snapshot's running views were first read after its "
+                                   "decision: a policy must not keep a snapshot")
+            self._views = self._core.running_views(self._reqs, self._ratio)
+        return self._views
+
+    def close(self):
+        self._open = False
+        self._core = None
+
 
 cdef long long BLOCK = _BLOCK
 cdef long long CLIP = CLIP_MAX_NEW_TOKENS
@@ -58,6 +92,7 @@ cpdef enum:
     ORDER_HRRN = 5  # SGLang's hrrn: highest response ratio next (token-based aging)
     ORDER_RANDOM = 6  # SGLang's random: a seeded shuffle per decision
     ORDER_DFS = 7  # SGLang's dfs-weight: depth first over the radix tree, heavier first
+    ORDER_ASK = 8  # asked of Python: a policy's `decide`, or an outside agent (`Core.answer`)
 # what a fleet's pass answers (`Core.fleet_pass`)
 cpdef enum:
     F_AGAIN = 0
@@ -66,6 +101,11 @@ cpdef enum:
     F_CUT = 3
     F_IDLE = 4
     F_END = 5
+# what a pass's prefill scheduling answers up to its order question (`schedule_head`)
+cdef enum:
+    S_NONE = 0  # no prefill batch this pass
+    S_GO = 1  # the queue is in order: admission next (`schedule_tail`)
+    S_ASKED = 2  # an outside decider's question is pending (`Core.answer`, then `run`)
 # what a decode run's planning part answers (`decode_pre`)
 cdef enum:
     RETRACTED = 0
@@ -738,17 +778,34 @@ cdef class Core:
     cdef double threshold
     cdef long long[::1] prio, preemptions_, vict
     cdef long long n_preemptions
+    # an order asked of Python (ORDER_ASK, twin/core.py `ask_kind`): `asker(snapshot)`
+    # answers a Plan, or anything else for a question left pending (an outside agent's:
+    # `run` returns with `asking` set, `answer` applies its plan, `run` goes on);
+    # `ask_all`: asked even with fewer than two waiting (an outside decider); `ask_skip`:
+    # never asked (a policy that keeps the queue's order); `admit_n`: the plan's admission
+    # limit for this pass (-1: none); `cap_chunk`: shortest-prefill-first's cap on the
+    # active chunk (its own order, or the asked policy's `chunk_limit`)
+    cdef object asker, ask_snap
+    cdef bint ask_all, ask_skip, ask_matched, resuming
+    cdef readonly bint asking, ended
+    cdef bint cap_chunk
+    cdef long long admit_n
+    cdef long long passes
+    cdef list vcache, vhead  # each request's last waiting view (key, view) and its head
 
     def __init__(self, rep, tuple columns, object src, object stopped, int order_kind,
-                 bint fed=False, dict rid_ranks=None):
+                 bint fed=False, dict rid_ranks=None, object asker=None, bint ask_all=False,
+                 bint ask_skip=False):
         """`columns`: (arrival times, send times, requests) of an open loop in the
         scheduler's order (twin/core.py `_columns`); None: `src`'s closed-loop clients,
         or with `fed` a fleet's replica, its requests submitted as the run goes (the
         columns grow; `rid_ranks`: hrrn's rank of every rid of the run).
-        `order_kind`: how the queue is ordered (twin/core.py `order_kind`)."""
+        `order_kind`: how the queue is ordered (twin/core.py `order_kind`); ORDER_ASK:
+        by `asker` (see the fields' comment)."""
         cdef Py_ssize_t i, n, j
         cdef list at, sent, reqs
         self.fed = fed
+        self.same_t = -1.0
         self.closed = columns is None and not fed
         if fed:
             n = 64
@@ -864,6 +921,14 @@ cdef class Core:
         self.order_kind = order_kind
         self.seed = getattr(rep.policy, "seed", None)
         self.policy = rep.policy
+        self.asker, self.ask_all, self.ask_skip = asker, ask_all, ask_skip
+        self.asking = self.resuming = False
+        self.admit_n = -1
+        self.passes = 0
+        self.cap_chunk = order_kind == ORDER_SPF or (
+            order_kind == ORDER_ASK and getattr(rep.policy, "chunk_limit", None) is not None)
+        if order_kind == ORDER_ASK:
+            self.vcache, self.vhead = [None] * n, [_UNSET] * n
         # per-request columns only the orders that read them get at full length (a day
         # of a million requests would otherwise carry tens of MB of them for nothing)
         cdef Py_ssize_t n_hrrn = n if order_kind == ORDER_HRRN else 1
@@ -879,7 +944,7 @@ cdef class Core:
             self.rid_rank = {rid: j for j, rid in enumerate(sorted(every))}
         self.preempt = order_kind == ORDER_PRIORITY
         pol = rep.policy
-        self.sign, self.threshold = pol.sign, pol.threshold
+        self.sign, self.threshold = getattr(pol, "sign", 1), getattr(pol, "threshold", 10)
         self.prio = np.array([r.priority if r is not None else 0 for r in reqs],
                              dtype=np.int64)
         self.preemptions_ = np.zeros(n, dtype=np.int64)
@@ -1628,6 +1693,8 @@ cdef class Core:
         it (lpm and hrrn only up to 128 waiting)."""
         if self.order_kind == ORDER_SPF or self.order_kind == ORDER_DFS:
             return False
+        if self.order_kind == ORDER_ASK:  # as the asked policy's `wants_prefix_match` said
+            return not self.ask_matched
         if self.order_kind == ORDER_LPM or self.order_kind == ORDER_HRRN:
             return self.w_len > MATCH_MAX_QUEUE
         return True
@@ -1640,6 +1707,117 @@ cdef class Core:
             for j in range(self.w_len):
                 self.match(self.w_at(j))
         return 0
+
+    cdef bint ask_order(self) except -1:
+        """`_order_waiting` asked of Python (ORDER_ASK): the queue matched if the policy
+        wants it, then (two or more waiting, or an outside decider) a snapshot of the pass
+        to `asker`; its plan applied at once, or True: the question is pending."""
+        cdef Py_ssize_t m = self.w_len
+        self.ask_matched = self.policy.wants_prefix_match(m)
+        if self.ask_matched:
+            self.match_waiting()
+        if (m < 2 and not self.ask_all) or self.ask_skip:
+            return False
+        snap = self.snapshot()
+        plan = self.asker(snap)
+        if type(plan) is not Plan:  # an outside agent answers later (`answer`)
+            self.ask_snap = snap
+            self.asking = True
+            return True
+        self.apply_plan(plan)
+        snap.running.close()
+        return False
+
+    cdef int apply_plan(self, plan) except -1:
+        """`_order_waiting`'s end: the queue in the plan's order, its admission limit
+        kept for this pass's `schedule_tail`."""
+        cdef Py_ssize_t m = self.w_len, j
+        order = plan.order
+        if len(order) != m:
+            raise RuntimeError(f"the typed core: a plan orders {len(order)} of {m} waiting")
+        for j in range(m):
+            self.wtmp[j] = self.w_at(order[j])
+        self.write_queue(m)
+        self.admit_n = -1 if plan.admit is None else plan.admit
+        return 0
+
+    def answer(self, plan):
+        """The pending question's plan (checked by the decider): applied, the pass goes
+        on at the next `run`."""
+        if not self.asking:
+            raise RuntimeError("the typed core: no question is pending")
+        self.apply_plan(plan)
+        self.ask_snap.running.close()
+        self.ask_snap = None
+        self.asking = False
+        self.resuming = True
+
+    cdef object snapshot(self):
+        """`Replica.snapshot(now, lazy=True)` from the columns: the waiting views in
+        queue order, the running ones built when first read (`CoreRunning`)."""
+        cdef Py_ssize_t j
+        waiting = tuple([self.wview(self.w_at(j)) for j in range(self.w_len)])
+        running = CoreRunning(self, tuple([self.run_[j] for j in range(self.n_run)]),
+                              self.ratio)
+        # SimPy's clock as the Python replica reads it: the int 0 at first
+        now = 0 if self.now_int else self.now
+        return Snapshot(now=now, waiting=waiting, running=running,
+                        kv_free=self.capacity - self.used, kv_evictable=self.evictable(),
+                        kv_capacity=self.cap.max_total_num_tokens,
+                        new_token_ratio=self.ratio, max_running_requests=self.max_running,
+                        processed_tokens=self.prefill_tokens, candidate=None,
+                        tokens_needed=0.0)
+
+    cdef object head_of(self, long long i):
+        """`SimRequest.head`, computed once."""
+        h = self.vhead[i]
+        if h is _UNSET:
+            h = self.vhead[i] = head_key(self.reqs[i].segments)
+        return h
+
+    cdef object wview(self, long long i):
+        """twin/views.py `view(r, ratio, False)`: a waiting request's view, kept with the
+        state it was built from and reused while that is the same."""
+        cdef double ft = self.first_token[i]
+        nd = self.matched[i]
+        first = None if isnan(ft) else ft
+        key = (self.queue_entry[i], self.prefix[i], self.max_new[i], self.gen[i], first,
+               self.arrival_work[i], nd, nd is not None and (<CNode>nd).parent is None)
+        hit = self.vcache[i]
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        req = self.reqs[i]
+        v = RequestView(
+            rid=req.rid, priority=req.priority, arrival_s=self.sent[i],
+            queue_entry_s=self.queue_entry[i], prompt_tokens=self.prompt[i],
+            prefix_len=self.prefix[i], max_new_tokens=self.max_new[i],
+            generated_tokens=self.gen[i], ignore_eos=self.eos[i] != 0, reserved_tokens=0.0,
+            first_token_s=first, round_start_s=None, arrival_work=self.arrival_work[i],
+            head=self.head_of(i), prefix_path=prefix_path(nd))
+        self.vcache[i] = (key, v)
+        return v
+
+    def running_views(self, tuple idx, double ratio):
+        """twin/views.py `view(r, ratio, True)` of the running requests `idx`."""
+        cdef long long i, left
+        cdef double ft, rs
+        out = []
+        for i in idx:
+            ft, rs = self.first_token[i], self.round_start[i]
+            left = self.max_new[i] - self.gen[i]
+            if left > CLIP:
+                left = CLIP
+            req = self.reqs[i]
+            out.append(RequestView(
+                rid=req.rid, priority=req.priority, arrival_s=self.sent[i],
+                queue_entry_s=self.queue_entry[i], prompt_tokens=self.prompt[i],
+                prefix_len=self.prefix[i], max_new_tokens=self.max_new[i],
+                generated_tokens=self.gen[i], ignore_eos=self.eos[i] != 0,
+                reserved_tokens=<double>left * (1.0 if self.eos[i] else ratio),
+                first_token_s=None if isnan(ft) else ft,
+                round_start_s=None if isnan(rs) else rs, arrival_work=self.arrival_work[i],
+                head=self.head_of(i), prefix_path=()))
+        return tuple(out)
 
     cdef int order_dfs(self) except -1:
         """SGLang's dfs-weight: every waiting request matched in queue order, then the
@@ -1950,23 +2128,29 @@ cdef class Core:
             s += <double>left * (1.0 if self.eos[v] else self.ratio)
         return s
 
-    cdef bint schedule(self):
-        """`_schedule_prefill` for fcfs: fills a_req/a_ext (a_n of them); False: none."""
-        cdef Py_ssize_t j, held
-        cdef long long i, left, rem, ext, fut
-        cdef bint truncated, had_chunked = self.chunked >= 0
-        cdef int res
-        cdef Py_ssize_t m0
+    cdef bint schedule(self) except -1:
+        """`_schedule_prefill` whole (a fleet's pass: no question is left pending):
+        fills a_req/a_ext (a_n of them); False: none."""
+        cdef int got = self.schedule_head()
+        if got == S_ASKED:
+            raise RuntimeError("the typed core: a question left pending in a fleet")
+        return got == S_GO and self.schedule_tail()
+
+    cdef int schedule_head(self) except -1:
+        """`_schedule_prefill` up to its order question, the queue put in order: S_NONE
+        (no batch this pass), S_GO (`schedule_tail` next) or S_ASKED (an outside
+        decider's question pending)."""
+        cdef Py_ssize_t held
         if self.preempt:
             self.batch_full = False  # SGLang resets it to try preemption each pass
         if self.chunked >= 0:
             self.batch_full = False
         elif self.w_len == 0 or self.batch_full:
-            return False
+            return S_NONE
         held = self.fl_slots
         if self.n_run + held >= self.max_running and self.chunked < 0 and not self.preempt:
             self.batch_full = True
-            return False
+            return S_NONE
         if self.order_kind == ORDER_LPM or self.order_kind == ORDER_HRRN:
             self.order_lpm()
         elif self.order_kind == ORDER_PRIORITY or self.order_kind == ORDER_LOF:
@@ -1977,6 +2161,19 @@ cdef class Core:
             self.order_random()
         elif self.order_kind == ORDER_DFS:
             self.order_dfs()
+        elif self.order_kind == ORDER_ASK and self.ask_order():
+            return S_ASKED
+        return S_GO
+
+    cdef bint schedule_tail(self) except -1:
+        """The rest of `_schedule_prefill`: admission over the ordered queue (at most
+        `admit_n` of it when a plan withholds the rest)."""
+        cdef Py_ssize_t j, held = self.fl_slots
+        cdef long long i, left, rem, ext, fut, admit = self.admit_n
+        cdef bint truncated, had_chunked = self.chunked >= 0
+        cdef int res
+        cdef Py_ssize_t m0
+        self.admit_n = -1
         # --enable-mixed-chunk: the running requests' decode tokens ride in the prefill step
         mixed_bs = self.n_run if self.mixed else 0
         self.a_total_offset = <double>mixed_bs + self.reserved_sum()
@@ -1990,7 +2187,7 @@ cdef class Core:
             i = self.chunked
             left = self.prompt[i] + self.gen[i] - self.computed[i]
             rem = self.a_rem_chunk
-            if self.order_kind == ORDER_SPF and self.has_chunk:
+            if self.cap_chunk and self.has_chunk:
                 cap = self.spf_limit(i)
                 if cap >= 0 and cap < rem:
                     rem = cap
@@ -2005,6 +2202,8 @@ cdef class Core:
             self.chunked = i if truncated else -1
         m0 = self.w_len  # (preempted requests join the queue's tail: not this pass's)
         for j in range(m0):
+            if admit >= 0 and j >= admit:
+                break  # the plan withholds the rest of the queue this pass
             i = self.w_at(j)
             if self.a_n + self.n_run + held >= self.max_running:
                 self.batch_full = True
@@ -2379,28 +2578,41 @@ cdef class Core:
 
     def run(self):
         """The whole run; True when stopped by Ctrl-C (the `stopped` list filled by the
-        caller's signal handler), the state then whole between passes."""
-        cdef double now, same_t = -1.0, wake, f
-        cdef long long spins = 0, passes = 0
+        caller's signal handler), the state then whole between passes. With an outside
+        decider (ORDER_ASK) it also returns (False) at a question left pending, `asking`
+        set: `answer` it, then `run` again goes on with that pass."""
+        cdef double now, wake, f
         cdef Py_ssize_t j
+        cdef int got
         stopped = self.stopped
+        if self.ended or self.asking:
+            raise RuntimeError("the typed core: run after its end, or with a question "
+                               "pending")
         try:
             while True:
-                passes += 1
-                if (passes & 255) == 0:
-                    PyErr_CheckSignals()
-                    if stopped:
-                        return True
                 now = self.now
-                spins = spins + 1 if now == same_t else 0
-                same_t = now
-                if spins > 100_000:
-                    raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes "
-                                       f"without time advancing ({self.w_len} waiting, "
-                                       f"{self.n_run} running)")
-                if self.top(now):
-                    break
-                if self.schedule():
+                if self.resuming:  # the pass whose question was just answered
+                    self.resuming = False
+                    got = self.schedule_tail()
+                else:
+                    self.passes += 1
+                    if (self.passes & 255) == 0:
+                        PyErr_CheckSignals()
+                        if stopped:
+                            return True
+                    self.spins = self.spins + 1 if now == self.same_t else 0
+                    self.same_t = now
+                    if self.spins > 100_000:
+                        raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes "
+                                           f"without time advancing ({self.w_len} waiting, "
+                                           f"{self.n_run} running)")
+                    if self.top(now):
+                        break
+                    got = self.schedule_head()
+                    if got == S_ASKED:
+                        return False
+                    got = got == S_GO and self.schedule_tail()
+                if got:
                     self.run_prefill()
                     if not self.placed_any and self.n_run:
                         self.run_decode()
@@ -2437,6 +2649,7 @@ cdef class Core:
                     self.now = wake
                     self.now_int = False
             self.end()
+            self.ended = True
             return False
         finally:
             self.write_back()

@@ -26,7 +26,7 @@ import simpy
 
 from twin.collector import paused
 from twin.compiled import load
-from twin.decider import PolicyDecider
+from twin.decider import AgentDecider, PolicyDecider
 from twin.decode_cut import wait_or_cut
 from twin.interrupt import sigint_taken
 from twin.memory import TokenPool
@@ -64,7 +64,7 @@ def why_not(rep) -> str | None:
     for bad, why in checks:
         if bad:
             return why
-    return _outside(rep, order_kind(rep.policy))
+    return _outside(rep, run_order(rep))
 
 
 def why_not_fleet(rep) -> str | None:
@@ -78,6 +78,8 @@ def why_not_fleet(rep) -> str | None:
         return "SERVETWIN_PYTHON_LOOP is set"
     if type(rep) is not Replica:
         return "not an SGLang replica"
+    if type(rep.decider) is not PolicyDecider:
+        return "an outside decider"
     return _outside(rep, order_kind(rep.policy))  # (a `slow` fault: no step-time memo)
 
 
@@ -108,8 +110,8 @@ def _outside(rep, order: int | None) -> str | None:
         (args.enable_hierarchical_cache, "the host tier"),
         (rep.slice_s or rep.preempt and order != _CORE.ORDER_PRIORITY,
          "preemption other than SGLang's priority scheduling, or time slices"),
-        (type(rep.decider) is not PolicyDecider or rep.decider.log is not None,
-         "an outside or logged decider"),
+        (type(rep.decider) not in (PolicyDecider, AgentDecider)
+         or getattr(rep.decider, "log", None) is not None, "a logged decider"),
         (order is None, f"the policy {pol.name}"),
         (rep.swap.min_tokens is not None or rep.defrag.enabled, "swap or defragmentation"),
         (rep.debug or rep.step_log is not None, "--debug-checks or a step log"),
@@ -128,6 +130,24 @@ _SGLANG_ORDERS = {} if _CORE is None else {
     LPM: _CORE.ORDER_LPM, HRRN: _CORE.ORDER_HRRN, Random: _CORE.ORDER_RANDOM,
     DFSWeight: _CORE.ORDER_DFS, LOF: _CORE.ORDER_LOF,
     ShortestPrefillFirst: _CORE.ORDER_SPF}  # (with its cap on the active chunk)
+
+
+def run_order(rep) -> int | None:
+    """How the core orders a replica's queue when it runs alone (`run`, `start`): as
+    `order_kind` says for its policy, or else asked of Python pass by pass (ORDER_ASK) as
+    the Python replica asks it: a policy's `decide`, or an outside decider (the
+    gymnasium environment's agent); None: outside the coverage (chunk questions,
+    preemption, a chunk cap other than shortest-prefill-first's)."""
+    pol = rep.policy
+    if type(rep.decider) is PolicyDecider:
+        kind = order_kind(pol)
+        if kind is not None:
+            return kind
+    if pol.chunks or pol.preempts_for_kv or pol.priority_scheduling:
+        return None
+    if getattr(pol, "chunk_limit", None) not in (None, ShortestPrefillFirst.chunk_limit):
+        return None
+    return _CORE.ORDER_ASK
 
 
 def order_kind(pol: Policy) -> int | None:
@@ -174,10 +194,34 @@ def run(rep) -> bool:
         with paused(), sigint_taken() as stopped:  # (checked by the core every 256 passes)
             src = rep.feed.source
             cols = _columns(src) if src.open_loop else None  # (the source's lists go)
-            core = _CORE.Core(rep, cols, src, stopped, order_kind(rep.policy))
+            core = _new_core(rep, cols, src, stopped)
             return core.run()
     except KeyboardInterrupt:  # raised, not signalled (a progress callback, a test)
         return True
+
+
+def _new_core(rep, cols, src, stopped):
+    kind = run_order(rep)
+    if kind != _CORE.ORDER_ASK:
+        return _CORE.Core(rep, cols, src, stopped, kind)
+    d = rep.decider
+    skip = type(d) is PolicyDecider and d.policy.keeps_queue_order()
+    return _CORE.Core(rep, cols, src, stopped, kind, asker=d.ask,
+                      ask_all=rep.decider_takes_all, ask_skip=skip)
+
+
+def start(rep):
+    """The typed core for `rep` (inside `why_not`'s coverage; an outside decider's:
+    the gymnasium environment's episode), built and not yet run: its `run()` runs to
+    the next question the decider leaves pending (`asking`) or to the end (`ended`);
+    the decider's `answer` hands the core its plan. The replica's fields are written
+    back at each return, as `run` leaves them."""
+    src = rep.feed.source
+    cols = _columns(src) if src.open_loop else None
+    core = _new_core(rep, cols, src, None)
+    if isinstance(rep.decider, AgentDecider):
+        rep.decider.core = core
+    return core
 
 
 def life(rep) -> Iterator[simpy.Event]:

@@ -52,8 +52,14 @@ class AgentDecider:
         self.pending: Snapshot | None = None
         self.asked = env.event()  # triggered whenever a question is posted
         self._answer: simpy.Event | None = None
+        #: the typed core asking instead of the Python replica (twin/core.py `start`):
+        #: a pending question is its (`run` returns), the answer goes to its `answer`
+        self.core = None
 
-    def ask(self, snap: Snapshot) -> Plan | simpy.Event:
+    def ask(self, snap: Snapshot) -> Plan | simpy.Event | None:
+        """The fallback's plan for a question the agent does not take; else the question
+        is posted (`pending`) and the answer comes later: through the event returned
+        (the Python replica waits on it), or to the typed core (None returned)."""
         if not self.takes(snap):
             return self.policy.decide(snap)
         # a question the agent takes may be kept (a log, a test's rollout): its running
@@ -61,16 +67,22 @@ class AgentDecider:
         # snapshot built on demand, `RunningViews`, then last after the answer)
         tuple(snap.running)
         self.pending = snap
+        if self.core is not None:
+            return None
         self._answer = self.env.event()
         asked, self.asked = self.asked, self.env.event()
         asked.succeed(snap)
         return self._answer
 
     def answer(self, plan: Plan) -> None:
-        if self.pending is None or self._answer is None:
+        if self.pending is None or (self._answer is None and self.core is None):
             raise RuntimeError("no question is pending")
         why = validate_plan(self.pending, plan)
         if why:
             raise ValueError(f"answer to the pending {self.pending.question} question: {why}")
-        ev, self._answer, self.pending = self._answer, None, None
+        self.pending = None
+        if self.core is not None:
+            self.core.answer(plan)
+            return
+        ev, self._answer = self._answer, None
         ev.succeed(plan)

@@ -21,6 +21,8 @@ import numpy as np
 import simpy
 
 from experiments.rl.config import EnvConfig
+from twin.core import start as start_core
+from twin.core import why_not
 from twin.decider import AgentDecider, PolicyDecider
 from twin.metrics import twin_records
 from twin.perf import StepTimeModel
@@ -132,7 +134,10 @@ class Episode:
         self.decider = AgentDecider(self.env, self.held, takes=self._takes)
         sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
         self.rep, _ = build_replica(self.env, wl, sim, step_time, decider=self.decider)
-        self.proc = self.env.process(self.rep.run())
+        # the typed core where the replica is inside its coverage (twin/core.py); else
+        # the Python replica, a SimPy process
+        self.core = start_core(self.rep) if why_not(self.rep) is None else None
+        self.proc = None if self.core is not None else self.env.process(self.rep.run())
         self.ledger = Ledger.for_workload(wl, cfg.targets)
         self.n = len(wl.requests)
         self._settled = 0
@@ -152,7 +157,10 @@ class Episode:
 
     def advance(self) -> tuple[Snapshot | None, float]:
         """Run to the next question (or the end); the question and the reward since."""
-        if not self.proc.triggered:
+        if self.core is not None:
+            if not self.core.ended:
+                self.core.run()
+        elif not self.proc.triggered:
             self.env.run(until=self.env.any_of([self.decider.asked, self.proc]))
         fin = self.rep.finished
         reward = self.ledger.settle(fin[self._settled:])
