@@ -27,6 +27,7 @@ from twin._recordsc cimport round_to
 
 from twin._search cimport search_left
 
+import dataclasses
 import random
 from types import SimpleNamespace
 from heapq import heappop, heappush
@@ -450,6 +451,67 @@ cdef inline int set_slot(object obj, Py_ssize_t k, object v) except -1:
     p[0] = <PyObject*>v
     Py_XDECREF(old)
     return 0
+
+
+# a policy's view of a request (twin/policy/base.py `RequestView`, a frozen dataclass
+# with slots) built as SimRequest is: its slots written directly (`new_view`), the
+# frozen __setattr__ bypassed as dataclasses' own __init__ bypasses it
+_VIEW_FIELDS = ("rid", "priority", "arrival_s", "queue_entry_s", "prompt_tokens",
+                "prefix_len", "max_new_tokens", "generated_tokens", "ignore_eos",
+                "reserved_tokens", "first_token_s", "round_start_s", "arrival_work", "head",
+                "prefix_path")
+cdef Py_ssize_t _vslot_at[16]
+cdef bint _vslots_direct = False
+
+
+def _find_view_slots() -> bool:
+    """Whether `new_view` may write RequestView's slots itself (and their offsets): the
+    dataclass's fields are `_VIEW_FIELDS`, in order, each a plain object slot, with no
+    `__post_init__` to run."""
+    global _vslots_direct
+    cdef PyMemberDef* m
+    cdef Py_ssize_t k
+    _vslots_direct = False
+    if (tuple(f.name for f in dataclasses.fields(RequestView)) != _VIEW_FIELDS
+            or set(RequestView.__slots__) != set(_VIEW_FIELDS)
+            or hasattr(RequestView, "__post_init__")):
+        return False
+    for k, name in enumerate(_VIEW_FIELDS):
+        d = RequestView.__dict__.get(name)
+        if type(d) is not _MemberDescriptor:
+            return False
+        m = (<PyMemberDescrObject*><PyObject*>d).d_member
+        if m.type != 16 or m.flags & 1:  # T_OBJECT_EX, not READONLY
+            return False
+        _vslot_at[k] = m.offset
+    _vslots_direct = True
+    return True
+
+
+_find_view_slots()
+
+
+cdef object new_view(rid, priority, arrival_s, queue_entry_s, prompt_tokens, prefix_len,
+                     max_new_tokens, generated_tokens, ignore_eos, reserved_tokens,
+                     first_token_s, round_start_s, arrival_work, head, prefix_path):
+    """RequestView(...) of these fields (in `_VIEW_FIELDS`' order)."""
+    cdef Py_ssize_t k
+    cdef PyObject** p
+    cdef PyObject* old
+    vals = (rid, priority, arrival_s, queue_entry_s, prompt_tokens, prefix_len,
+            max_new_tokens, generated_tokens, ignore_eos, reserved_tokens, first_token_s,
+            round_start_s, arrival_work, head, prefix_path)
+    if not _vslots_direct:
+        return RequestView(*vals)
+    v = _new(RequestView)
+    for k in range(15):
+        x = vals[k]
+        p = <PyObject**>((<char*><PyObject*>v) + _vslot_at[k])
+        old = p[0]
+        Py_INCREF(x)
+        p[0] = <PyObject*>x
+        Py_XDECREF(old)
+    return v
 
 
 cdef class Kernel:
@@ -1787,13 +1849,10 @@ cdef class Core:
         if hit is not None and hit[0] == key:
             return hit[1]
         req = self.reqs[i]
-        v = RequestView(
-            rid=req.rid, priority=req.priority, arrival_s=self.sent[i],
-            queue_entry_s=self.queue_entry[i], prompt_tokens=self.prompt[i],
-            prefix_len=self.prefix[i], max_new_tokens=self.max_new[i],
-            generated_tokens=self.gen[i], ignore_eos=self.eos[i] != 0, reserved_tokens=0.0,
-            first_token_s=first, round_start_s=None, arrival_work=self.arrival_work[i],
-            head=self.head_of(i), prefix_path=prefix_path(nd))
+        v = new_view(req.rid, req.priority, self.sent[i], self.queue_entry[i],
+                     self.prompt[i], self.prefix[i], self.max_new[i], self.gen[i],
+                     self.eos[i] != 0, 0.0, first, None, self.arrival_work[i],
+                     self.head_of(i), prefix_path(nd))
         self.vcache[i] = (key, v)
         return v
 
@@ -1808,15 +1867,12 @@ cdef class Core:
             if left > CLIP:
                 left = CLIP
             req = self.reqs[i]
-            out.append(RequestView(
-                rid=req.rid, priority=req.priority, arrival_s=self.sent[i],
-                queue_entry_s=self.queue_entry[i], prompt_tokens=self.prompt[i],
-                prefix_len=self.prefix[i], max_new_tokens=self.max_new[i],
-                generated_tokens=self.gen[i], ignore_eos=self.eos[i] != 0,
-                reserved_tokens=<double>left * (1.0 if self.eos[i] else ratio),
-                first_token_s=None if isnan(ft) else ft,
-                round_start_s=None if isnan(rs) else rs, arrival_work=self.arrival_work[i],
-                head=self.head_of(i), prefix_path=()))
+            out.append(new_view(
+                req.rid, req.priority, self.sent[i], self.queue_entry[i], self.prompt[i],
+                self.prefix[i], self.max_new[i], self.gen[i], self.eos[i] != 0,
+                <double>left * (1.0 if self.eos[i] else ratio),
+                None if isnan(ft) else ft, None if isnan(rs) else rs,
+                self.arrival_work[i], self.head_of(i), ()))
         return tuple(out)
 
     cdef int order_dfs(self) except -1:

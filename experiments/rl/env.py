@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from experiments.rl.config import EnvConfig, draw_episode, draw_shapes, preset
-from experiments.rl.episode import Episode, episode_stats
+from experiments.rl.episode import Episode, episode_stats, run_replica
 from twin.config import derive_capacity
 from twin.perf import StepTimeModel
 from twin.policy.features import feature_names, pass_features
@@ -49,7 +49,7 @@ def capacity_of(cfg: EnvConfig) -> float:
                   concurrency=50)
     env = simpy.Environment()
     rep, _ = build_replica(env, wl, cfg.deployment.sim_config(), step_time_for(cfg))
-    env.run(until=env.process(rep.run()))
+    run_replica(rep)
     ok = [r for r in rep.finished if r.status == "ok"]
     return len(ok) / max(r.finish_s for r in ok)
 

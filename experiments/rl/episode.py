@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 
 from experiments.rl.config import EnvConfig
+from twin.core import run as run_core
 from twin.core import start as start_core
 from twin.core import why_not
 from twin.decider import AgentDecider, PolicyDecider
@@ -184,10 +185,20 @@ def run_policy(cfg: EnvConfig, wl: Workload, step_time: StepTimeModel, capacity_
     env = simpy.Environment()
     sim = cfg.deployment.sim_config(horizon(cfg, wl, capacity_rps))
     rep, _ = build_replica(env, wl, sim, step_time, decider=PolicyDecider(policy))
-    env.run(until=env.process(rep.run()))
+    run_replica(rep)
     ledger = Ledger.for_workload(wl, cfg.targets)
     ledger.settle(rep.finished)
     return ledger, twin_records(rep.finished, rep.step_end), rep
+
+
+def run_replica(rep: Replica) -> None:
+    """`rep` (fed alone, not yet run) to its end: on the typed core where it is inside
+    its coverage (twin/core.py), else the Python replica as a SimPy process."""
+    if why_not(rep) is None:
+        if run_core(rep):  # stopped by Ctrl-C between passes: not a whole run
+            raise KeyboardInterrupt
+    else:
+        rep.env.run(until=rep.env.process(rep.run()))
 
 
 def episode_stats(ledger: Ledger, records: list[dict], targets: SloTargets) -> dict:
