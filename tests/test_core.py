@@ -119,23 +119,23 @@ def test_cache_aware_above_the_queue_limit(monkeypatch, policy) -> None:
 
 
 def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
-    """A paged pool, the users' preemption design, a policy that asks chunk questions:
-    the Python replica runs each, and `why_not` says why."""
-    for extra in (["--page-size", "16"], ["--preemption-mode", "conservative"]):
+    """A paged pool, the users' preemption design, time slices: the Python replica runs
+    each, and `why_not` says why."""
+    for extra in (["--page-size", "16"], ["--preemption-mode", "conservative"],
+                  ["--policy", "slices"]):
         assert both([*LLAMA, "--step-time-backend", "roofline", *extra, "--workload",
                      "arrival=poisson,rate=5,n=60,prompt=uniform:100:3000,"
                      "output=uniform:1:300"], monkeypatch) == 0
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "chunks.json"
-        spec.write_text('{"name": "deadline", "params": {"chunk_tokens": 512, '
-                        '"park_steps": 4}}')
-        assert both(["--policy", str(spec), "--workload", "finance-qa,n=40"],
-                    monkeypatch) == 0
 
 
 @pytest.mark.parametrize("spec", [
     "deadline",  # laxity: documents held while short questions wait or run
     '{"name": "deadline", "params": {"withhold": "hopeless", "chunk_cap": true}}',
+    # chunk questions: a document's chunk capped while short questions wait, decode-only
+    # passes before each chunk while they decode; the cap as a time budget
+    '{"name": "deadline", "params": {"chunk_tokens": 512, "park_steps": 4}}',
+    '{"name": "deadline", "params": {"withhold": "hopeless", "chunk_budget_s": 0.3, '
+    '"park_steps": 8, "chunk_cap": true}}',
     '{"name": "menu", "params": {"rule": "edf"}}',
     '{"name": "menu", "params": {"rule": "spf", "chunk_cap": true}}',
     "priority",  # the tier order without SGLang's priority scheduling
@@ -143,7 +143,8 @@ def test_outside_the_coverage_runs_the_python_replica(monkeypatch) -> None:
 def test_policies_asked_of_python(monkeypatch, spec) -> None:
     """A policy the core has no order of its own for is asked pass by pass, as the
     Python replica asks it (a snapshot built from the core's columns; its plan's order,
-    admission limit and shortest-prefill-first chunk cap applied): the users' mix with
+    admission limit and shortest-prefill-first chunk cap applied, its chunk questions
+    asked and their caps and parks applied): the users' mix with
     its documents, and a drawn mix in a small pool, the same bytes."""
     with tempfile.TemporaryDirectory() as tmp:
         if spec.startswith("{"):

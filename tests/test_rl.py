@@ -395,13 +395,14 @@ def test_features_column_by_column_are_the_slot_by_slot_numbers(name):
     assert seen > 20  # busy passes, not empty ones
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-hold", "tiny-v2", "finance-qa-admit-v2"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-hold", "tiny-v2", "tiny-chunks",
+                                  "finance-qa-admit-v2", "finance-qa-chunks-v2"])
 def test_the_environment_on_the_typed_core_is_the_python_replicas(monkeypatch, name):
     """The environment's episodes run on the typed core (twin/core.py `start`: its order
     questions asked of the agent, the snapshots built from its columns) and give the
     Python replica's observations, rewards and infos exactly: two episodes of seeded
-    random actions each way. A preset whose menu answers chunk questions runs the Python
-    replica (outside the core's coverage)."""
+    random actions each way, over menus that withhold admission and answer chunk
+    questions (a chunk answer per menu entry in finance-qa-chunks-v2)."""
     from twin import core
     if core._CORE is None:
         pytest.skip(f"the typed core is not built: {core.WHY_NO_CORE}")
@@ -422,6 +423,3 @@ def test_the_environment_on_the_typed_core_is_the_python_replicas(monkeypatch, n
     typed, python = episodes(True), episodes(False)
     assert sum(len(r) for _, r, _ in typed) > 20  # questions were asked and answered
     assert typed == python
-    env = SchedulingEnv("tiny-chunks")
-    env.reset(seed=3)
-    assert env.episode.core is None

@@ -44,6 +44,8 @@ from twin.policy.base import (
     ViewSequence,
 )
 from twin.perf.step_cache import BLOCK as _BLOCK
+from twin.errors import ServetwinError
+from twin.policy.check import validate_chunk_plan
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
 from twin.views import head_key, prefix_path
@@ -854,6 +856,12 @@ cdef class Core:
     cdef long long admit_n
     cdef long long passes
     cdef list vcache, vhead  # each request's last waiting view (key, view) and its head
+    # chunk questions (an asked policy with `chunks`, twin/replica.py `_chunk_parked`,
+    # `_chunk_limit`, `first_chunk_limit`): the answer due for the chunked request
+    # `due_i` at `due_computed` tokens (its limit, -1: none; the decode step count its
+    # parked passes end at), and the park the next decode run ends at (0: none)
+    cdef bint asks_chunks
+    cdef long long due_i, due_computed, due_limit, due_park_at, park_until
 
     def __init__(self, rep, tuple columns, object src, object stopped, int order_kind,
                  bint fed=False, dict rid_ranks=None, object asker=None, bint ask_all=False,
@@ -991,6 +999,9 @@ cdef class Core:
             order_kind == ORDER_ASK and getattr(rep.policy, "chunk_limit", None) is not None)
         if order_kind == ORDER_ASK:
             self.vcache, self.vhead = [None] * n, [_UNSET] * n
+        self.asks_chunks = order_kind == ORDER_ASK and bool(rep.policy.chunks)
+        self.due_i = -1
+        self.park_until = rep._park_until
         # per-request columns only the orders that read them get at full length (a day
         # of a million requests would otherwise carry tens of MB of them for nothing)
         cdef Py_ssize_t n_hrrn = n if order_kind == ORDER_HRRN else 1
@@ -1744,6 +1755,11 @@ cdef class Core:
             if trunc <= 0 or self.a_continuing:
                 self.unlock(i)
                 return OTHER
+            if self.asks_chunks:  # `first_chunk_limit`: the chunk answer caps the first chunk,
+                lim = self.ask_chunk(self.wview(i)).limit  # whose budget the pass then is
+                if lim is not None and lim < self.a_rem_chunk:
+                    self.a_rem_chunk = lim
+                    trunc = lim
             self.a_append(i, trunc)
             self.a_new_chunked = i
             self.a_take(trunc, 0)
@@ -1769,6 +1785,43 @@ cdef class Core:
             for j in range(self.w_len):
                 self.match(self.w_at(j))
         return 0
+
+    cdef bint chunk_parked(self) except -1:
+        """`_chunk_parked`: whether this pass is one of the decode-only passes the chunk
+        answer asked for before the chunk due; asks the chunk question once per chunk."""
+        cdef long long r = self.chunked
+        cdef bint parked
+        if self.due_i != r or self.due_computed != self.computed[r]:
+            plan = self.ask_chunk(self.chunk_view(r))
+            self.due_i, self.due_computed = r, self.computed[r]
+            self.due_limit = -1 if plan.limit is None else plan.limit
+            self.due_park_at = self.n_dec_steps + plan.park
+        parked = self.n_run > 0 and self.due_park_at > self.n_dec_steps
+        self.park_until = self.due_park_at if parked else 0
+        return parked
+
+    cdef object ask_chunk(self, view):
+        """`_ask_chunk`: the policy's chunk answer for the request seen as `view`,
+        checked."""
+        snap = self.snapshot()
+        plan = self.policy.chunk(snap, view, self.chunk, 1)
+        snap.running.close()
+        why = validate_chunk_plan(plan, 1)
+        if why:
+            now = 0 if self.now_int else self.now
+            raise ServetwinError(f"policy {self.policy.name!r} broke its contract at "
+                                 f"t={now}: chunk question: {why}")
+        return plan
+
+    cdef object chunk_view(self, long long i):
+        """`_chunked_view`: the chunked request's view, its `prefix_len` the tokens
+        computed so far."""
+        return dataclasses.replace(self.wview(i), prefix_len=self.computed[i])
+
+    @property
+    def has_chunked(self):
+        """Whether a prompt is being prefilled in chunks (`Replica.chunked` not None)."""
+        return self.chunked >= 0
 
     cdef bint ask_order(self) except -1:
         """`_order_waiting` asked of Python (ORDER_ASK): the queue matched if the policy
@@ -2201,6 +2254,8 @@ cdef class Core:
             self.batch_full = False  # SGLang resets it to try preemption each pass
         if self.chunked >= 0:
             self.batch_full = False
+            if self.asks_chunks and self.chunk_parked():
+                return S_NONE  # a decode-only pass: the chunk sits out, nobody is admitted
         elif self.w_len == 0 or self.batch_full:
             return S_NONE
         held = self.fl_slots
@@ -2225,7 +2280,7 @@ cdef class Core:
         """The rest of `_schedule_prefill`: admission over the ordered queue (at most
         `admit_n` of it when a plan withholds the rest)."""
         cdef Py_ssize_t j, held = self.fl_slots
-        cdef long long i, left, rem, ext, fut, admit = self.admit_n
+        cdef long long i, left, rem, ext, fut, lim, cap, admit = self.admit_n
         cdef bint truncated, had_chunked = self.chunked >= 0
         cdef int res
         cdef Py_ssize_t m0
@@ -2243,10 +2298,17 @@ cdef class Core:
             i = self.chunked
             left = self.prompt[i] + self.gen[i] - self.computed[i]
             rem = self.a_rem_chunk
+            lim = -1  # Replica._chunk_limit: the chunk answer's cap, spf's, the lower
+            if self.asks_chunks:  # (the next chunk asks anew)
+                if self.due_i == i and self.due_computed == self.computed[i]:
+                    lim = self.due_limit
+                self.due_i = -1
             if self.cap_chunk and self.has_chunk:
                 cap = self.spf_limit(i)
-                if cap >= 0 and cap < rem:
-                    rem = cap
+                if cap >= 0 and (lim < 0 or cap < lim):
+                    lim = cap
+            if lim >= 0 and lim < rem:
+                rem = lim
             truncated = self.has_chunk and left > rem
             ext = (left if left < rem else rem) if self.has_chunk else left
             self.a_append(i, ext)
@@ -2437,6 +2499,10 @@ cdef class Core:
         k = k_mem if k_mem > 1 else 1
         if fewest < k:
             k = fewest
+        if self.park_until:  # decode-only passes before a chunk: one step each
+            if self.park_until - self.n_dec_steps < k:
+                k = self.park_until - self.n_dec_steps
+            self.park_until = 0
         # arrivals end the run (`_next_boundary`) unless the batch is full; in a fleet a
         # run may ignore them instead, and a submit cuts it (CutRuns._may_cut)
         arrivals = not self.batch_full or self.preempt

@@ -136,14 +136,14 @@ def run_order(rep) -> int | None:
     """How the core orders a replica's queue when it runs alone (`run`, `start`): as
     `order_kind` says for its policy, or else asked of Python pass by pass (ORDER_ASK) as
     the Python replica asks it: a policy's `decide`, or an outside decider (the
-    gymnasium environment's agent); None: outside the coverage (chunk questions,
-    preemption, a chunk cap other than shortest-prefill-first's)."""
+    gymnasium environment's agent), its chunk questions too; None: outside the
+    coverage (preemption, a chunk cap other than shortest-prefill-first's)."""
     pol = rep.policy
     if type(rep.decider) is PolicyDecider:
         kind = order_kind(pol)
         if kind is not None:
             return kind
-    if pol.chunks or pol.preempts_for_kv or pol.priority_scheduling:
+    if pol.preempts_for_kv or pol.priority_scheduling:
         return None
     if getattr(pol, "chunk_limit", None) not in (None, ShortestPrefillFirst.chunk_limit):
         return None

@@ -150,7 +150,9 @@ class Episode:
             return False
         if self._last_t is not None and snap.now - self._last_t < self.cfg.min_gap_s:
             return False
-        if self.held.chunk_choice and (self.rep.chunked is not None or any(
+        chunked = (self.core.has_chunked if self.core is not None
+                   else self.rep.chunked is not None)
+        if self.held.chunk_choice and (chunked or any(
                 self.cfg.targets.is_document(r.prompt_tokens) for r in snap.waiting)):
             return True  # the entries' chunk answers differ and a document is about
         first = self.held.rule_plan(snap, 0)
