@@ -339,6 +339,25 @@ def test_a_fleet_of_four_behind_each_router(monkeypatch) -> None:
         assert loops == [None] * 4
 
 
+@pytest.mark.parametrize("spec", [
+    "deadline", "learned:finance-qa-v2",
+    '{"name": "deadline", "params": {"withhold": "hopeless", "chunk_tokens": 512, '
+    '"park_steps": 4, "chunk_cap": true}}'])
+def test_a_fleet_of_replicas_asking_python_policies(monkeypatch, spec, tmp_path) -> None:
+    """Three replicas behind cache_aware, each asking a policy the core has no order of
+    its own for (the twin's deadline policy, the shipped learned one, deadline with chunk
+    answers): every replica in the core, the same bytes."""
+    if spec.startswith("{"):
+        path = tmp_path / "policy.json"
+        path.write_text(spec)
+        spec = str(path)
+    doc = {"gpu": "a100-pcie-80gb", "router": {"name": "cache_aware"}, "replicas": [
+        {"name": "r", "count": 3, "twin": {"policy": spec},
+         "server_args": {"model_path": "Qwen/Qwen3-8B"}}]}
+    loops = fleet_both(doc, "finance-qa,n=200,clients=replay", monkeypatch)
+    assert loops == [None] * 3
+
+
 def test_the_users_hybrid_fleet(monkeypatch) -> None:
     """The users' design (finance-hybrid: length routing to an SGLang pool behind
     cache_aware and two vLLM pools): the SGLang replicas in the core beside the vLLM

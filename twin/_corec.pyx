@@ -1080,6 +1080,9 @@ cdef class Core:
         self.tok += [None] * grow
         self.node += [None] * grow
         self.matched += [None] * grow
+        if self.order_kind == ORDER_ASK:
+            self.vcache += [None] * grow
+            self.vhead += [_UNSET] * grow
         self.n = m
         return 0
 
@@ -1808,7 +1811,7 @@ cdef class Core:
         snap.running.close()
         why = validate_chunk_plan(plan, 1)
         if why:
-            now = 0 if self.now_int else self.now
+            now = self.now_obj if self.fed else (0 if self.now_int else self.now)
             raise ServetwinError(f"policy {self.policy.name!r} broke its contract at "
                                  f"t={now}: chunk question: {why}")
         return plan
@@ -1874,8 +1877,9 @@ cdef class Core:
         waiting = tuple([self.wview(self.w_at(j)) for j in range(self.w_len)])
         running = CoreRunning(self, tuple([self.run_[j] for j in range(self.n_run)]),
                               self.ratio)
-        # SimPy's clock as the Python replica reads it: the int 0 at first
-        now = 0 if self.now_int else self.now
+        # SimPy's clock as the Python replica reads it: the int 0 at first; in a fleet
+        # SimPy's own (a numpy float where a delay was one)
+        now = self.now_obj if self.fed else (0 if self.now_int else self.now)
         return Snapshot(now=now, waiting=waiting, running=running,
                         kv_free=self.capacity - self.used, kv_evictable=self.evictable(),
                         kv_capacity=self.cap.max_total_num_tokens,

@@ -80,14 +80,14 @@ def why_not_fleet(rep) -> str | None:
         return "not an SGLang replica"
     if type(rep.decider) is not PolicyDecider:
         return "an outside decider"
-    return _outside(rep, order_kind(rep.policy))  # (a `slow` fault: no step-time memo)
+    return _outside(rep, run_order(rep))  # (a `slow` fault: no step-time memo)
 
 
 def adopt(rep, dep) -> None:
     """Give `rep` (inside `why_not_fleet`'s coverage) its typed core, before any process
     of the fleet runs: `life` runs it, the load poller reads its queues
     (`Core.queue_load`)."""
-    order = order_kind(rep.policy)
+    order = run_order(rep)
     ranks = None
     if order == _CORE.ORDER_HRRN:  # hrrn's tie-break: every rid's place in sorted order
         ranks = dep.__dict__.get("_rid_ranks")
@@ -95,7 +95,7 @@ def adopt(rep, dep) -> None:
             src = dep.source
             every = [e[2].rid for e in src._ready] + [r.rid for r in src._pending or ()]
             ranks = dep._rid_ranks = {rid: j for j, rid in enumerate(sorted(every))}
-    rep._core = _CORE.Core(rep, None, None, None, order, True, ranks)
+    rep._core = _new_core(rep, None, None, None, True, ranks)
 
 
 def _outside(rep, order: int | None) -> str | None:
@@ -133,7 +133,7 @@ _SGLANG_ORDERS = {} if _CORE is None else {
 
 
 def run_order(rep) -> int | None:
-    """How the core orders a replica's queue when it runs alone (`run`, `start`): as
+    """How the core orders a replica's queue (`run`, `start`, a fleet's `adopt`): as
     `order_kind` says for its policy, or else asked of Python pass by pass (ORDER_ASK) as
     the Python replica asks it: a policy's `decide`, or an outside decider (the
     gymnasium environment's agent), its chunk questions too; None: outside the
@@ -200,13 +200,13 @@ def run(rep) -> bool:
         return True
 
 
-def _new_core(rep, cols, src, stopped):
+def _new_core(rep, cols, src, stopped, fed: bool = False, ranks: dict | None = None):
     kind = run_order(rep)
     if kind != _CORE.ORDER_ASK:
-        return _CORE.Core(rep, cols, src, stopped, kind)
+        return _CORE.Core(rep, cols, src, stopped, kind, fed, ranks)
     d = rep.decider
     skip = type(d) is PolicyDecider and d.policy.keeps_queue_order()
-    return _CORE.Core(rep, cols, src, stopped, kind, asker=d.ask,
+    return _CORE.Core(rep, cols, src, stopped, kind, fed, ranks, asker=d.ask,
                       ask_all=rep.decider_takes_all, ask_skip=skip)
 
 
