@@ -11,8 +11,10 @@ round): the figures behind the round's "what is left" paragraphs.
    with the collector off and the deployment still alive), for the typed core and for
    `SERVETWIN_PYTHON_LOOP=1` (a child process each).
 3. The environment (benchmarks/startup_speed.py's run: `servetwin/Scheduling-v0`,
-   preset finance-qa, random actions, 4 episodes) under cProfile: the cumulative CPU of the policy's snapshots, of the
-   observation features and of the replica's whole loop (which includes the snapshots).
+   preset finance-qa, random actions, 4 episodes) under cProfile: the cumulative CPU of
+   the observation features, of the episode's runs to each question (the typed core's
+   loop, whose snapshots are built inside it, and the questions asked) and of the
+   questions; with SERVETWIN_PYTHON_LOOP=1 the Python replica's loop and snapshots.
 
     python benchmarks/fleet_cost_split.py [--replicas 16] [--parts fleet gc env]
 """
@@ -145,6 +147,10 @@ def env_parts() -> None:
     wanted = {("replica.py", "snapshot"): "the policy's snapshots (views of the queue)",
               ("features.py", "pass_features"): "the observation features",
               ("replica.py", "run"): "the replica's loop (snapshots included)",
+              ("episode.py", "advance"): "the episode run to each question (the loop, "
+                                         "its snapshots, the questions)",
+              ("decider.py", "ask"): "the questions asked (the agent's filter, the "
+                                     "fallback's plans)",
               ("env.py", "step"): "env.step, all of it"}
     print(f"| the environment, {steps} decisions under cProfile | cumulative CPU s |\n|---|---|")
     for (file, _, func), row in sorted(stats.items(), key=lambda kv: -kv[1][3]):

@@ -6,7 +6,9 @@ simulate` of one replica fed alone, open loop or by closed-loop clients (twin/so
 cache on or off (`CTree`, twin/prefix.py's tree typed), chunked prefill, mixed chunks and
 the overlap loop on or off, SGLang's scheduling policies (fcfs, lpm, dfs-weight, hrrn,
 lof, random, shortest-prefill-first; fcfs with priority scheduling and its preemption),
-the step-time memo. `twin/core.py` decides
+any other policy asked pass by pass from a snapshot built here (ORDER_ASK: the twin's
+own, a learned one, the gymnasium environment's agent, whose questions a run stops at:
+`Core.answer`), the step-time memo. `twin/core.py` decides
 whether a run is covered; everything else runs the Python replica (twin/replica.py),
 which is this module's specification, pass by pass and float by float: each function
 below names the method it reproduces. docs/typed-core-inventory.md lists what that is.

@@ -9,8 +9,16 @@ SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
 the queue as it is (fcfs), any other of SGLang's policies (lpm, dfs-weight, hrrn, lof,
 random, shortest-prefill-first), or fcfs under SGLang's priority scheduling (with its
-preemption), the step-time memo over a model whose answers never change, no step log, no
-per-pass integrity checks. `why_not` names the first thing outside it.
+preemption), or any other policy without preemption or time slices, asked pass by pass
+as the Python replica asks it (`run_order`: ORDER_ASK; its order, admission limit, chunk
+questions and shortest-prefill-first's chunk cap), the step-time memo over a model whose
+answers never change, no step log, no per-pass integrity checks. `why_not` names the
+first thing outside it.
+
+The gymnasium environment's replica asks an outside decider (twin/decider.py
+`AgentDecider`): `start` makes its core, whose `run` returns at each question the agent
+takes (the snapshot built from the core's columns) and goes on after the agent's answer
+(docs/perf.md, eighteenth round).
 
 In a fleet (docs/perf.md, fourteenth round) each SGLang replica inside `why_not_fleet`'s
 coverage gets a core at `Deployment.start` (`adopt`) that SimPy runs pass by pass
