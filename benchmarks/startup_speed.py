@@ -14,11 +14,13 @@ of `--repeats` rounds, and the ratio current / base:
    behind round_robin and cache_aware, Poisson 1.5 req/s per replica, prompt U(1000,
    4000), output U(100, 500), 1,000 requests per replica (benchmarks/fleet.py's speed
    part): simulated requests per CPU-second of simulation, records and summary.
-3. The environment (`servetwin/Scheduling-v0`, preset finance-qa): decisions per
-   CPU-second with seeded random actions over 4 episodes (step() only; tables built).
+3. The environment (`servetwin/Scheduling-v0`, preset finance-qa, or each of
+   `--env-presets`): decisions per CPU-second with seeded random actions over 4 episodes
+   (step() only; tables built).
 
     python benchmarks/startup_speed.py [--base 6f0ad37] [--current HEAD|tree] [--repeats 3]
                                        [--parts startup fleet env]
+                                       [--env-presets finance-qa finance-qa-chunks-v2]
 """
 
 from __future__ import annotations
@@ -63,11 +65,11 @@ res = run_deployment(dep)
 print(json.dumps({"rate": n / (time.process_time() - c0), "n": n}))
 """
 ENV_CODE = """
-import json, time
+import json, sys, time
 import numpy as np
 from experiments.rl.config import preset
 from experiments.rl.env import SchedulingEnv
-env = SchedulingEnv(preset("finance-qa"))
+env = SchedulingEnv(preset(sys.argv[1] if len(sys.argv) > 1 else "finance-qa"))
 rng = np.random.default_rng(0)
 steps, c0 = 0, time.process_time()
 for ep in range(4):
@@ -157,6 +159,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parts", nargs="+", default=["startup", "fleet", "env"],
                     choices=["startup", "fleet", "env"])
+    ap.add_argument("--env-presets", nargs="+", default=["finance-qa"], metavar="PRESET",
+                    help="the environment's presets to measure (experiments/rl/config.py "
+                    "PRESETS; default: finance-qa)")
     ns = ap.parse_args()
     def short(rev: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev],
@@ -206,10 +211,11 @@ def report(ns: argparse.Namespace, trees: list[Tree]) -> None:
                 row(f"fleet of {n_rep}, {router}: requests / CPU-s", v, ",.0f",
                     "higher is better")
     if "env" in ns.parts:
-        print("| _environment: servetwin/Scheduling-v0, preset finance-qa, random actions, "
-              "4 episodes_ | | | |")
-        v = rates(trees, ns.repeats, ENV_CODE, [])
-        row("env decisions / CPU-s", v, ",.0f", "higher is better")
+        print("| _environment: servetwin/Scheduling-v0, random actions, 4 episodes_ "
+              "| | | |")
+        for name in ns.env_presets:
+            v = rates(trees, ns.repeats, ENV_CODE, [name])
+            row(f"env {name}: decisions / CPU-s", v, ",.0f", "higher is better")
 
 
 if __name__ == "__main__":
