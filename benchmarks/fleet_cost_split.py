@@ -140,8 +140,12 @@ def env_parts() -> None:
 
     prof = cProfile.Profile()
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        prof.runctx(ENV_CODE, {}, {})
+    argv, sys.argv = sys.argv, sys.argv[:1]  # (its preset: the default, finance-qa)
+    try:
+        with contextlib.redirect_stdout(out):
+            prof.runctx(ENV_CODE, {}, {})
+    finally:
+        sys.argv = argv
     steps = json.loads(out.getvalue().strip().splitlines()[-1])["n"]
     stats = pstats.Stats(prof).stats
     wanted = {("replica.py", "snapshot"): "the policy's snapshots (views of the queue)",

@@ -101,3 +101,21 @@ def test_the_replica_withholds_and_still_serves_everyone():
     held, free = (r[1] for r in runs)
     assert [r["status"] for r in held] == ["ok"] * len(wl.requests)
     assert held != free
+
+
+def test_groups_are_kept_per_snapshot_and_model_and_handed_out_as_copies():
+    """The last snapshot's groups serve the next policy asking of the same snapshot with
+    the same targets, prefill model and aging bound (a menu's four modes, the pass-v2
+    features), and no other; each caller gets its own lists."""
+    s = snap(100.0, QUEUE, RUNNING)
+    first = DeadlinePolicy(withhold="hopeless").groups(s)
+    first["kept"].append(99)  # a caller's own copy
+    assert DeadlinePolicy(withhold="laxity").groups(s) == DeadlinePolicy()._groups(s)
+    assert 99 not in DeadlinePolicy().groups(s)["kept"]
+    # another aging bound: doc-late (200 s waiting) is overdue only under 150 s
+    aged = DeadlinePolicy(max_defer_s=150.0).groups(s)
+    assert aged == DeadlinePolicy(max_defer_s=150.0)._groups(s)
+    assert aged["overdue"] == [2] and DeadlinePolicy().groups(s)["overdue"] == []
+    # an equal snapshot that is another object is computed anew, to the same groups
+    again = snap(100.0, QUEUE, RUNNING)
+    assert DeadlinePolicy().groups(again) == DeadlinePolicy()._groups(s)

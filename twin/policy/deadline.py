@@ -210,6 +210,12 @@ def moore_hodgson(jobs: list[tuple[float, float, int]], start: float) -> tuple[l
     return [k for _, _, k in kept], late
 
 
+#: (the snapshot, (targets, prefill model, max_defer_s), its groups) of the last
+#: `DeadlinePolicy.groups` asked: the snapshot held, so `is` cannot meet a new one at its
+#: address; one tuple, replaced whole
+_LAST_GROUPS: tuple | None = None
+
+
 @register
 class DeadlinePolicy(Policy):
     """Feasible-deadline-first admission with deferral (module docstring). SLO params as
@@ -285,7 +291,21 @@ class DeadlinePolicy(Policy):
         """The waiting indices by group, each in its order (module docstring): `ok` and
         `late` short questions, `overdue` documents (deferred past `max_defer_s`), `kept`
         (documents that can make their deadline) and `hopeless` ones; and `slack`, each
-        waiting request's deadline - now - predicted prefill (seconds)."""
+        waiting request's deadline - now - predicted prefill (seconds). They read only the
+        snapshot, the targets, the prefill model and `max_defer_s`: the last snapshot's
+        are kept (`_LAST_GROUPS`) for the next policy asking of the same one (a menu's
+        modes, the pass-v2 features), a fresh copy each time."""
+        global _LAST_GROUPS
+        key = (self.targets, self.model, self.max_defer_s)
+        last = _LAST_GROUPS
+        if last is not None and last[0] is snap and last[1] == key:
+            g = last[2]
+        else:
+            g = self._groups(snap)
+            _LAST_GROUPS = (snap, key, g)
+        return {k: list(v) for k, v in g.items()}
+
+    def _groups(self, snap: Snapshot) -> dict[str, list[int]]:
         w, now = snap.waiting, snap.now
         deadline = [r.arrival_s + t for r, t in zip(w, waiting_targets(snap, self.targets),
                                                      strict=True)]
