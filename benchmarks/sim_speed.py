@@ -9,7 +9,9 @@ peak (the default `servetwin simulate`: 50 closed-loop clients, 2x A100-80GB PCI
 `finance-qa,n=N` for N requests, the bare preset for its 600), and the same mix under
 SGLang's cache-aware `--schedule-policy lpm` (finance-qa-lpm: its shared templates are
 what lpm is for), shortest-prefill-first (finance-qa-spf) and SGLang's priority scheduling
-(finance-qa-priority: its VIP tiers); and fleets on that mix (fleet-finance-pool: five
+(finance-qa-priority: its VIP tiers), and the twin's own policies (finance-qa-deadline,
+finance-qa-learned: the shipped `learned:finance-qa-v2`); and fleets on that mix
+(fleet-finance-pool: five
 SGLang replicas behind round_robin; fleet-finance-hybrid: the users' design, SGLang and
 vLLM pools by prompt length).
 
@@ -58,6 +60,11 @@ WORKLOADS = {
     # its VIP tiers (0, 10, 20) under SGLang's priority scheduling: tier 20 preempts tier 0
     "finance-qa-priority": lambda n: [*WORKLOADS["finance-qa"](n),
                                       "--enable-priority-scheduling"],
+    # the twin's own policies on it: deadline (documents held while short questions wait
+    # or run) and the shipped learned selector (asked of Python by the typed core)
+    "finance-qa-deadline": lambda n: [*WORKLOADS["finance-qa"](n), "--policy", "deadline"],
+    "finance-qa-learned": lambda n: [*WORKLOADS["finance-qa"](n), "--policy",
+                                     "learned:finance-qa-v2"],
     # fleets (`--deployment`, twin/fleet_presets.py) on the finance-qa mix replayed as its
     # arrivals: the users' 10 GPUs as five SGLang replicas behind round_robin, and their
     # hybrid (two SGLang replicas behind cache_aware, two vLLM pools by prompt length)
