@@ -3,6 +3,9 @@ order by group, what each `withhold` mode holds back, and the policy contract.""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from twin.policy import Plan, RequestView, Snapshot, build_policy, spec_from_dict
 from twin.policy.check import check_policy, validate_plan
 from twin.policy.deadline import WITHHOLD, DeadlinePolicy, moore_hodgson, prefill_s
@@ -119,3 +122,27 @@ def test_groups_are_kept_per_snapshot_and_model_and_handed_out_as_copies():
     # an equal snapshot that is another object is computed anew, to the same groups
     again = snap(100.0, QUEUE, RUNNING)
     assert DeadlinePolicy().groups(again) == DeadlinePolicy()._groups(s)
+
+
+def _moore_hodgson_by_scan(jobs, start):
+    """The reference: each late job drops the longest kept one found by a scan."""
+    kept, late, t = [], [], start
+    for job in sorted(jobs):
+        kept.append(job)
+        t += job[1]
+        if t > job[0]:
+            worst = max(range(len(kept)), key=lambda j: (kept[j][1], kept[j][2]))
+            t -= kept[worst][1]
+            late.append(kept.pop(worst)[2])
+    return [k for _, _, k in kept], late
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.25, 10.0]),
+                          st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])), max_size=40),
+       st.sampled_from([-1.0, 0.0, 0.3]))
+def test_moore_hodgson_by_heap_is_the_scan(pairs, start):
+    """The heap drops the same job as a scan of the kept ones would (ties in deadline and
+    duration included: the largest key goes), so the same keys in the same order."""
+    jobs = [(d, dur, k) for k, (d, dur) in enumerate(pairs)]
+    assert moore_hodgson(jobs, start) == _moore_hodgson_by_scan(jobs, start)

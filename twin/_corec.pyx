@@ -1427,6 +1427,8 @@ cdef class Core:
 
     cdef int leave(self, long long i, str status, str error) except -1:
         r = self.simreq(i)
+        if self.vcache is not None:
+            self.vcache[i] = None
         self.tok[i] = None  # the request's now (the sink drops it once written)
         r.status, r.error = status, error
         r.finish_s = self.finish[i] if not isnan(self.finish[i]) else self.now
@@ -2465,6 +2467,8 @@ cdef class Core:
             raise RuntimeError(f"the typed core: more than {self.max_running} running")
         self.dec_start[i] = self.n_dec_steps
         self.round_start[i] = now
+        if self.vcache is not None:  # its waiting view is not read again (a retracted
+            self.vcache[i] = None  # request's state differs when it waits again)
         if not isnan(self.left_batch[i]):
             self.lost[i] += now - self.left_batch[i]
             self.left_batch[i] = NAN

@@ -65,6 +65,8 @@ multiply the chunks, so none is set and the document gets SGLang's full chunk
 from __future__ import annotations
 
 import math
+from functools import lru_cache
+from heapq import heappop, heappush
 from typing import NamedTuple
 
 from twin.policy.base import MAX_PARK, ChunkPlan, Plan, Policy, RequestView, Snapshot
@@ -181,6 +183,7 @@ def answer_chunk(targets: SloTargets, snap: Snapshot,
     return short_question_chunks(targets, snap, *answer, page_size)
 
 
+@lru_cache(maxsize=1 << 16)  # a waiting request's prediction, asked again every pass
 def prefill_s(new: int, cached: int, chunk: int, a: float, b: float, c: float,
               d: float = 0.0) -> float:
     """Predicted prefill time of `new` tokens after `cached` ones (module docstring)."""
@@ -197,17 +200,21 @@ def moore_hodgson(jobs: list[tuple[float, float, int]], start: float) -> tuple[l
                                                                               list[int]]:
     """Jobs `(deadline, duration, key)` on one machine from `start`: the keys of a largest
     set that all meet their deadlines (in deadline order) and the keys of the rest."""
-    kept: list[tuple[float, float, int]] = []
+    # the kept jobs in a heap by (-duration, -key): the longest (then the largest key) on
+    # top, the one a late job drops; the keys are distinct
+    order = sorted(jobs)
+    heap: list[tuple[float, int]] = []
     late: list[int] = []
     t = start
-    for job in sorted(jobs):
-        kept.append(job)
-        t += job[1]
-        if t > job[0]:
-            worst = max(range(len(kept)), key=lambda j: (kept[j][1], kept[j][2]))
-            t -= kept[worst][1]
-            late.append(kept.pop(worst)[2])
-    return [k for _, _, k in kept], late
+    for deadline, duration, key in order:
+        heappush(heap, (-duration, -key))
+        t += duration
+        if t > deadline:
+            d, k = heappop(heap)
+            t -= -d
+            late.append(-k)
+    gone = set(late)
+    return [k for _, _, k in order if k not in gone], late
 
 
 #: (the snapshot, (targets, prefill model, max_defer_s), its groups) of the last
