@@ -417,25 +417,38 @@ cdef extern from "Python.h":
         PyMemberDef* d_member
 
 
-def _find_slots() -> bool:
-    """Whether `set_slot` may write SimRequest's slots itself (and their offsets)."""
-    global _slots_direct
+cdef bint slot_offsets(cls, tuple names, Py_ssize_t* out) except -1:
+    """Each of `cls`'s slots `names` as its offset in an instance, into `out`; False when
+    one is not a plain, writable object slot (then nothing may be written directly)."""
     cdef PyMemberDef* m
     cdef Py_ssize_t k
-    _slots_direct = False
-    if (SimRequest.__setattr__ is not object.__setattr__ or len(_SLOTS) > 64
-            or set(_SLOTS) != set(SimRequest.__slots__)):
-        return False
-    for k, name in enumerate(_SLOTS):
-        d = SimRequest.__dict__.get(name)
+    for k, name in enumerate(names):
+        d = cls.__dict__.get(name)
         if type(d) is not _MemberDescriptor:
             return False
         m = (<PyMemberDescrObject*><PyObject*>d).d_member
         if m.type != 16 or m.flags & 1:  # T_OBJECT_EX, not READONLY
             return False
-        _slot_at[k] = m.offset
-    _slots_direct = True
+        out[k] = m.offset
     return True
+
+
+cdef inline void put_slot(object obj, Py_ssize_t offset, object v):
+    """The object slot at `offset` of `obj` = v (its old value released)."""
+    cdef PyObject** p = <PyObject**>((<char*><PyObject*>obj) + offset)
+    cdef PyObject* old = p[0]
+    Py_INCREF(v)
+    p[0] = <PyObject*>v
+    Py_XDECREF(old)
+
+
+def _find_slots() -> bool:
+    """Whether `set_slot` may write SimRequest's slots itself (and their offsets)."""
+    global _slots_direct
+    _slots_direct = (SimRequest.__setattr__ is object.__setattr__ and len(_SLOTS) <= 64
+                     and set(_SLOTS) == set(SimRequest.__slots__)
+                     and slot_offsets(SimRequest, _SLOTS, _slot_at))
+    return _slots_direct
 
 
 _MemberDescriptor = type(SimRequest.rid)
@@ -444,16 +457,10 @@ _find_slots()
 
 cdef inline int set_slot(object obj, Py_ssize_t k, object v) except -1:
     """obj.<_SLOTS[k]> = v."""
-    cdef PyObject** p
-    cdef PyObject* old
     if not _slots_direct:
         setattr(obj, _SLOTS[k], v)
         return 0
-    p = <PyObject**>((<char*><PyObject*>obj) + _slot_at[k])
-    old = p[0]
-    Py_INCREF(v)
-    p[0] = <PyObject*>v
-    Py_XDECREF(old)
+    put_slot(obj, _slot_at[k], v)
     return 0
 
 
@@ -473,23 +480,12 @@ def _find_view_slots() -> bool:
     dataclass's fields are `_VIEW_FIELDS`, in order, each a plain object slot, with no
     `__post_init__` to run."""
     global _vslots_direct
-    cdef PyMemberDef* m
-    cdef Py_ssize_t k
-    _vslots_direct = False
-    if (tuple(f.name for f in dataclasses.fields(RequestView)) != _VIEW_FIELDS
-            or set(RequestView.__slots__) != set(_VIEW_FIELDS)
-            or hasattr(RequestView, "__post_init__")):
-        return False
-    for k, name in enumerate(_VIEW_FIELDS):
-        d = RequestView.__dict__.get(name)
-        if type(d) is not _MemberDescriptor:
-            return False
-        m = (<PyMemberDescrObject*><PyObject*>d).d_member
-        if m.type != 16 or m.flags & 1:  # T_OBJECT_EX, not READONLY
-            return False
-        _vslot_at[k] = m.offset
-    _vslots_direct = True
-    return True
+    _vslots_direct = (
+        tuple(f.name for f in dataclasses.fields(RequestView)) == _VIEW_FIELDS
+        and set(RequestView.__slots__) == set(_VIEW_FIELDS)
+        and not hasattr(RequestView, "__post_init__")
+        and slot_offsets(RequestView, _VIEW_FIELDS, _vslot_at))
+    return _vslots_direct
 
 
 _find_view_slots()
@@ -500,8 +496,6 @@ cdef object new_view(rid, priority, arrival_s, queue_entry_s, prompt_tokens, pre
                      first_token_s, round_start_s, arrival_work, head, prefix_path):
     """RequestView(...) of these fields (in `_VIEW_FIELDS`' order)."""
     cdef Py_ssize_t k
-    cdef PyObject** p
-    cdef PyObject* old
     vals = (rid, priority, arrival_s, queue_entry_s, prompt_tokens, prefix_len,
             max_new_tokens, generated_tokens, ignore_eos, reserved_tokens, first_token_s,
             round_start_s, arrival_work, head, prefix_path)
@@ -509,12 +503,7 @@ cdef object new_view(rid, priority, arrival_s, queue_entry_s, prompt_tokens, pre
         return RequestView(*vals)
     v = _new(RequestView)
     for k in range(15):
-        x = vals[k]
-        p = <PyObject**>((<char*><PyObject*>v) + _vslot_at[k])
-        old = p[0]
-        Py_INCREF(x)
-        p[0] = <PyObject*>x
-        Py_XDECREF(old)
+        put_slot(v, _vslot_at[k], vals[k])
     return v
 
 
