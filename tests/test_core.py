@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -337,6 +338,25 @@ def test_a_fleet_of_four_behind_each_router(monkeypatch) -> None:
         loops = fleet_both(doc, "arrival=poisson,rate=6,n=300,prompt=uniform:1000:4000,"
                            "output=uniform:100:500", monkeypatch)
         assert loops == [None] * 4
+
+
+@pytest.mark.parametrize("policy", [["--schedule-policy", "lof"], ["--policy", "deadline"],
+                                    ["--policy", "learned:finance-qa-v2"]])
+def test_python_policies_under_priority_scheduling(monkeypatch, policy) -> None:
+    """SGLang's priority scheduling with a policy asked of Python: its preempt questions
+    (the waiting request that found no slot, what it needs) asked from the core's
+    snapshot, its victims leaving the batch (lof's are SGLang's priority victims: 19
+    preemptions here; deadline and the learned selector name none); three tiers 20 apart
+    in a batch of four."""
+    argv = [*policy, *LLAMA, "--step-time-backend", "roofline", "--enable-priority-scheduling",
+            "--max-running-requests", "4", "--workload", "arrival=poisson,rate=30,n=400,"
+            "prompt=uniform:10:3000,output=uniform:1:300,tiers=0:0.6/20:0.3/40:0.1"]
+    typed, took = run(argv, True, monkeypatch)
+    python, none = run(argv, False, monkeypatch)
+    assert (took, none) == (1, 0)
+    assert typed == python
+    if policy[-1] == "lof":
+        assert json.loads(typed["summary.json"])["preemptions"] > 0
 
 
 @pytest.mark.parametrize("spec", [

@@ -1006,7 +1006,8 @@ cdef class Core:
             every = ([r.rid for r in reqs] if not self.closed else
                      [r.rid for r in self.pending] + [e[2].rid for e in self.heap])
             self.rid_rank = {rid: j for j, rid in enumerate(sorted(every))}
-        self.preempt = order_kind == ORDER_PRIORITY
+        self.preempt = order_kind == ORDER_PRIORITY or (order_kind == ORDER_ASK
+                                                         and bool(rep.preempt))
         pol = rep.policy
         self.sign, self.threshold = getattr(pol, "sign", 1), getattr(pol, "threshold", 10)
         self.prio = np.array([r.priority if r is not None else 0 for r in reqs],
@@ -1863,9 +1864,10 @@ cdef class Core:
         self.asking = False
         self.resuming = True
 
-    cdef object snapshot(self):
-        """`Replica.snapshot(now, lazy=True)` from the columns: the waiting views in
-        queue order, the running ones built when first read (`CoreRunning`)."""
+    cdef object snapshot(self, object candidate=None, double tokens_needed=0.0):
+        """`Replica.snapshot(now, candidate, tokens_needed, lazy=True)` from the
+        columns: the waiting views in queue order, the running ones built when first read
+        (`CoreRunning`)."""
         cdef Py_ssize_t j
         waiting = tuple([self.wview(self.w_at(j)) for j in range(self.w_len)])
         running = CoreRunning(self, tuple([self.run_[j] for j in range(self.n_run)]),
@@ -1877,8 +1879,8 @@ cdef class Core:
                         kv_free=self.capacity - self.used, kv_evictable=self.evictable(),
                         kv_capacity=self.cap.max_total_num_tokens,
                         new_token_ratio=self.ratio, max_running_requests=self.max_running,
-                        processed_tokens=self.prefill_tokens, candidate=None,
-                        tokens_needed=0.0)
+                        processed_tokens=self.prefill_tokens, candidate=candidate,
+                        tokens_needed=tokens_needed)
 
     cdef object head_of(self, long long i):
         """`SimRequest.head`, computed once."""
@@ -2024,12 +2026,13 @@ cdef class Core:
             left = CLIP
         return <double>left * (1.0 if self.eos[v] else self.ratio)
 
-    cdef bint try_preempt(self, long long i) except -1:
-        """`_try_preempt` for waiting request i with SGLang's priority victims
-        (twin/policy/base.py `priority_victims`): running requests by lowest priority,
-        then newest queue entry, each whose priority is lower than i's by more than the
-        threshold, until their reservations cover what i needs; they leave the batch in
-        descending position, their reservations credited to the budget."""
+    cdef bint try_preempt(self, long long i, Py_ssize_t at) except -1:
+        """`_try_preempt` for waiting request i (the queue's `at`-th) with SGLang's
+        priority victims (twin/policy/base.py `priority_victims`): running requests by
+        lowest priority, then newest queue entry, each whose priority is lower than i's by
+        more than the threshold, until their reservations cover what i needs; or, asked of
+        Python (ORDER_ASK), the policy's victims. They leave the batch in descending
+        position, their reservations credited to the budget."""
         cdef long long mx = self.max_new[i], v, cprio = self.prio[i]
         cdef double need
         cdef Py_ssize_t j, k, nv = 0, m = self.n_run
@@ -2039,6 +2042,8 @@ cdef class Core:
                         + (mx if mx < CLIP else CLIP)) - self.rem_total()
         if m == 0:
             return False
+        if self.order_kind == ORDER_ASK:
+            return self.ask_victims(at, need)
         # the running batch's positions sorted (stably) by (-sign x priority, -queue entry)
         for j in range(m):
             self.tmp[j] = j
@@ -2061,7 +2066,30 @@ cdef class Core:
                 break
         if nv == 0 or need > 0:
             return False
-        # in descending position: pop, credit, release
+        return self.drop_victims(nv)
+
+    cdef bint ask_victims(self, Py_ssize_t at, double need) except -1:
+        """`_try_preempt`'s question to a policy asked of Python: a snapshot with the
+        candidate and what it needs; its victims (checked by the decider) dropped."""
+        cdef Py_ssize_t j, nv
+        snap = self.snapshot(at, need)
+        plan = self.asker(snap)
+        snap.running.close()
+        if type(plan) is not Plan:
+            raise RuntimeError("the typed core: a preempt question left pending")
+        victims = plan.victims
+        nv = len(victims)
+        if nv == 0:
+            return False
+        for j in range(nv):
+            self.vict[j] = victims[j]
+        return self.drop_victims(nv)
+
+    cdef bint drop_victims(self, Py_ssize_t nv) except -1:
+        """The running batch's positions vict[:nv] leave it in descending position:
+        popped, their reservations credited to the budget, back to the queue."""
+        cdef Py_ssize_t j, k
+        cdef long long v
         for j in range(1, nv):
             v = self.vict[j]
             k = j - 1
@@ -2323,7 +2351,7 @@ cdef class Core:
             if self.a_n + self.n_run + held >= self.max_running:
                 self.batch_full = True
             if self.batch_full:
-                if not self.preempt or not self.try_preempt(i):
+                if not self.preempt or not self.try_preempt(i, j):
                     break
             if self.has_tree and self.matches_each():
                 self.match(i)

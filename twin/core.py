@@ -9,9 +9,10 @@ SGLang's token pool with page 1, the radix cache on or off, mixed
 chunks on or off, no host tier, swap or defragmentation, a policy whose every answer is
 the queue as it is (fcfs), any other of SGLang's policies (lpm, dfs-weight, hrrn, lof,
 random, shortest-prefill-first), or fcfs under SGLang's priority scheduling (with its
-preemption), or any other policy without preemption or time slices, asked pass by pass
-as the Python replica asks it (`run_order`: ORDER_ASK; its order, admission limit, chunk
-questions and shortest-prefill-first's chunk cap), the step-time memo over a model whose
+preemption), or any other policy without time slices or the users' preemption for KV,
+asked pass by pass as the Python replica asks it (`run_order`: ORDER_ASK; its order,
+admission limit, chunk questions, shortest-prefill-first's chunk cap, and under priority
+scheduling its preempt questions), the step-time memo over a model whose
 answers never change, no step log, no per-pass integrity checks. `why_not` names the
 first thing outside it.
 
@@ -116,8 +117,9 @@ def _outside(rep, order: int | None) -> str | None:
          "a radix cache with a host tier, or already filled"),
         (type(rep.alloc) is not TokenPool or rep.page != 1, "not the token pool of page 1"),
         (args.enable_hierarchical_cache, "the host tier"),
-        (rep.slice_s or rep.preempt and order != _CORE.ORDER_PRIORITY,
-         "preemption other than SGLang's priority scheduling, or time slices"),
+        (rep.slice_s or rep.preempt and order not in (_CORE.ORDER_PRIORITY,
+                                                       _CORE.ORDER_ASK),
+         "preemption other than by priority, or time slices"),
         (type(rep.decider) not in (PolicyDecider, AgentDecider)
          or getattr(rep.decider, "log", None) is not None, "a logged decider"),
         (order is None, f"the policy {pol.name}"),
@@ -144,15 +146,17 @@ def run_order(rep) -> int | None:
     """How the core orders a replica's queue (`run`, `start`, a fleet's `adopt`): as
     `order_kind` says for its policy, or else asked of Python pass by pass (ORDER_ASK) as
     the Python replica asks it: a policy's `decide`, or an outside decider (the
-    gymnasium environment's agent), its chunk questions too; None: outside the
-    coverage (preemption, a chunk cap other than shortest-prefill-first's)."""
+    gymnasium environment's agent), its chunk questions too, and a policy's preempt
+    questions under priority scheduling; None: outside the coverage (the users'
+    preemption for KV, an outside agent under priority scheduling, a chunk cap other
+    than shortest-prefill-first's)."""
     pol = rep.policy
     if type(rep.decider) is PolicyDecider:
         kind = order_kind(pol)
         if kind is not None:
             return kind
-    if pol.preempts_for_kv or pol.priority_scheduling:
-        return None
+    if pol.preempts_for_kv or (rep.preempt and type(rep.decider) is not PolicyDecider):
+        return None  # (an outside agent's preempt question could not wait mid-pass)
     if getattr(pol, "chunk_limit", None) not in (None, ShortestPrefillFirst.chunk_limit):
         return None
     return _CORE.ORDER_ASK
