@@ -2733,6 +2733,9 @@ cdef class Core:
         cdef double now, wake, f
         cdef Py_ssize_t j
         cdef int got
+        # the loop's counters in locals, kept in the core's fields across its returns
+        cdef long long passes = self.passes, spins = self.spins
+        cdef double same_t = self.same_t
         stopped = self.stopped
         if self.ended or self.asking:
             raise RuntimeError("the typed core: run after its end, or with a question "
@@ -2744,14 +2747,14 @@ cdef class Core:
                     self.resuming = False
                     got = self.schedule_tail()
                 else:
-                    self.passes += 1
-                    if (self.passes & 255) == 0:
+                    passes += 1
+                    if (passes & 255) == 0:
                         PyErr_CheckSignals()
                         if stopped:
                             return True
-                    self.spins = self.spins + 1 if now == self.same_t else 0
-                    self.same_t = now
-                    if self.spins > 100_000:
+                    spins = spins + 1 if now == same_t else 0
+                    same_t = now
+                    if spins > 100_000:
                         raise RuntimeError(f"scheduler livelock at t={now}: 100,000 passes "
                                            f"without time advancing ({self.w_len} waiting, "
                                            f"{self.n_run} running)")
@@ -2801,6 +2804,7 @@ cdef class Core:
             self.ended = True
             return False
         finally:
+            self.passes, self.spins, self.same_t = passes, spins, same_t
             self.write_back()
 
     # ---- a fleet's replica, run by SimPy (twin/core.py `life`) --------------------------
