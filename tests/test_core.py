@@ -181,6 +181,14 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
                 monkeypatch) == 1
 
 
+#: policies the core asks of Python (`--policy` spec files): the twin's deadline, with
+#: chunk answers and spf's cap, and a menu rule with spf's cap
+ASKED = {"py:deadline": {"name": "deadline"},
+         "py:deadline-chunks": {"name": "deadline", "params": {
+             "withhold": "hopeless", "chunk_tokens": 256, "park_steps": 3, "chunk_cap": True}},
+         "py:menu-spf": {"name": "menu", "params": {"rule": "spf", "chunk_cap": True}}}
+
+
 @settings(max_examples=int(os.environ.get("CORE_EXAMPLES", "30")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(backend=st.sampled_from(["roofline", "opdb"]),
@@ -195,7 +203,7 @@ def test_rejected_and_clipped_requests(monkeypatch) -> None:
                               ",templates=8,template_len=300,share=0.9,system_prompt=200",
                               ",templates=4,template_len=20,share=0.8"]),
        policy=st.sampled_from([None, "lpm", "dfs-weight", "hrrn", "lof", "random",
-                               "shortest-prefill-first"]),
+                               "shortest-prefill-first", *ASKED]),
        prio=st.sampled_from([None, "high", "low"]),
        mixed=st.booleans())
 def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos, chunk,
@@ -205,7 +213,8 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
     for bench_serving's); `radix`:
     None, the cache off; else on, over prompts sharing what it names (20-token templates:
     prompts whose first 32 tokens match with short cached prefixes, which lpm defers);
-    `policy`: another of SGLang's policies instead of fcfs;
+    `policy`: another of SGLang's policies instead of fcfs, or one the core asks of
+    Python (`ASKED`);
     `prio`: SGLang's priority scheduling
     (high or low values first) over three tiers 20 apart (each preempts the one below: the
     threshold is 10), with fcfs; `mixed`: --enable-mixed-chunk (the running batch decodes
@@ -219,8 +228,16 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
             + (",tiers=0:0.6/20:0.3/40:0.1" if prio else "")]
     if radix is None:
         argv.append("--disable-radix-cache")
-    if policy and not prio and (radix is not None or policy != "shortest-prefill-first"):
-        argv += ["--schedule-policy", policy]  # (SGLang refuses spf without the cache)
+    specs = tempfile.TemporaryDirectory()
+    if policy in ASKED:  # asked of Python, priority scheduling's preemption included
+        spec = Path(specs.name) / "policy.json"
+        spec.write_text(json.dumps(ASKED[policy]))
+        argv += ["--policy", str(spec)]
+    elif policy and (not prio or policy == "lof") and (
+            radix is not None or policy != "shortest-prefill-first"):
+        # (SGLang refuses spf without the cache, and priority scheduling but with fcfs or
+        # lof; lof under it is asked of Python for its victims)
+        argv += ["--schedule-policy", policy]
     if prio:
         argv.append("--enable-priority-scheduling")
     if prio == "low":
@@ -239,7 +256,8 @@ def test_drawn_runs_are_byte_identical(monkeypatch, backend, pool, overlap, eos,
         argv += ["--horizon", str(horizon)]
     if running is not None:
         argv += ["--max-running-requests", str(running)]
-    assert both(argv, monkeypatch) == 1
+    with specs:
+        assert both(argv, monkeypatch) == 1
 
 
 @settings(max_examples=int(os.environ.get("CORE_EXAMPLES", "30")) * 3, deadline=None)
@@ -403,7 +421,7 @@ def test_the_users_hybrid_fleet(monkeypatch) -> None:
        radix=st.sampled_from([None, "", ",templates=3,template_len=700,share=0.6",
                               ",templates=4,template_len=20,share=0.8"]),
        policy=st.sampled_from([None, "lpm", "dfs-weight", "hrrn", "lof", "random",
-                               "shortest-prefill-first"]),
+                               "shortest-prefill-first", *ASKED]),
        prio=st.booleans(), mixed=st.booleans(), records=st.sampled_from([3, 50, 100000]),
        faults=st.sampled_from([None, "crash", "crash-streaming", "crashes", "hang", "slow"]))
 def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, pool, overlap,
@@ -414,11 +432,19 @@ def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, po
     half second), open and closed loops and the single-replica options above, records
     streamed in chunks of `records`, faults (a crash with retries or with streaming
     clients, two crashes, a hung health check, a slowed replica, which runs the Python
-    replica beside the others' cores): the core's bytes are the Python replicas'."""
+    replica beside the others' cores), policies the core asks of Python (`ASKED`): the
+    core's bytes are the Python replicas'."""
     args = {"model_path": "meta-llama/Llama-3.1-8B"}
     if radix is None:
         args["disable_radix_cache"] = True
-    if policy and not prio and (radix is not None or policy != "shortest-prefill-first"):
+    specs = tempfile.TemporaryDirectory()
+    twin = {}
+    if policy in ASKED:  # a replica's own policy, asked of Python
+        spec = Path(specs.name) / "policy.json"
+        spec.write_text(json.dumps(ASKED[policy]))
+        twin["policy"] = str(spec)
+    elif policy and (not prio or policy == "lof") and (
+            radix is not None or policy != "shortest-prefill-first"):
         args["schedule_policy"] = policy
     if prio:
         args["enable_priority_scheduling"] = True
@@ -430,6 +456,8 @@ def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, po
         if value is not None:
             args[key] = value
     replica = {"step_time_backend": backend, "server_args": args}
+    if twin:
+        replica["twin"] = twin
     doc: dict = {"gpu": "a100-sxm-80gb", "router": {"name": router.split(":")[0]}}
     if router.endswith(":polled"):
         doc["router"].update(load="polled", poll_interval_s=0.5)
@@ -455,7 +483,8 @@ def test_drawn_fleets_are_byte_identical(monkeypatch, n_rep, router, backend, po
                if isinstance(rate, str) else f"arrival=poisson,rate={rate}")
     workload = (f"{arrival},n=90,prompt=uniform:100:5000,output=uniform:1:700" + (radix or "")
                 + (",tiers=0:0.6/20:0.3/40:0.1" if prio else ""))
-    loops = fleet_both(doc, workload, monkeypatch, horizon, records)
+    with specs:
+        loops = fleet_both(doc, workload, monkeypatch, horizon, records)
     if faults == "slow":  # (a slowed replica's step times change: no memo)
         assert loops[0] == "no step-time memo" and set(loops[1:]) <= {None}
     else:
