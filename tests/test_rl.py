@@ -10,13 +10,22 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments.rl import ENV_ID
 from experiments.rl.config import preset
 from experiments.rl.env import SchedulingEnv
 from experiments.rl.episode import Ledger, run_policy
 from experiments.rl.evaluate import episode_workload, evaluate_policy, mean_stats
-from twin.policy import build_policy, make_policy, read_spec, spec_from_dict
+from twin.policy import (
+    RequestView,
+    Snapshot,
+    build_policy,
+    make_policy,
+    read_spec,
+    spec_from_dict,
+)
 from twin.policy.check import check_policy
 from twin.policy.features import feature_names
 from twin.policy.learned import LearnedPolicy
@@ -393,6 +402,93 @@ def test_features_column_by_column_are_the_slot_by_slot_numbers(name):
             assert got.tobytes() == want.tobytes()
             seen += len(snap.waiting) > 1 and len(snap.running) > 1
     assert seen > 20  # busy passes, not empty ones
+
+
+def _reference_slack(snap, t, prefill):
+    """pass-v2's SLACK_FIELDS as numpy computed them entry by entry (each log its own
+    `np.log1p` call): the form before the logs were taken together."""
+    from twin.policy.features import SLACK_FIELDS, SLACK_SCALE_S, _log
+    from twin.policy.menu import deadline_policy
+
+    out = np.zeros(len(SLACK_FIELDS))
+    pol = deadline_policy("laxity", t, prefill)
+    out[9] = float(any(not t.is_document(r.prompt_tokens) for r in snap.running))
+    if not snap.waiting:
+        return out
+    g = pol.groups(snap)
+    slack = g["slack"]
+    due = [i for i in g["kept"] if slack[i] <= pol.margin_s]
+    out[0:4] = (_log(len(g["kept"]), 4), _log(len(due), 4), _log(len(g["hopeless"]), 4),
+                _log(len(g["overdue"]), 4))
+    docs = g["kept"] + g["hopeless"] + g["overdue"]
+    if docs:
+        out[4] = min(slack[i] for i in docs) / SLACK_SCALE_S
+    if g["kept"]:
+        out[5] = min(slack[i] for i in g["kept"]) / SLACK_SCALE_S
+    out[6:8] = (_log(len(g["ok"]), 6), _log(len(g["late"]), 6))
+    shorts = g["ok"] + g["late"]
+    if shorts:
+        w = snap.waiting
+        head = min(shorts, key=lambda i: (w[i].arrival_s, i))
+        target = t.ttft_target(w[head].prompt_tokens, w[head].priority)
+        out[8] = min((snap.now - w[head].arrival_s) / target, 4.0) / 4
+    return np.clip(out, -1.0, 1.0)
+
+
+def test_pass_v2_features_are_the_entry_by_entry_numbers():
+    """pass-v2 (pass-v1 and the deadline policy's slack groups) on real passes of a v2
+    preset: the slot-by-slot numbers, then the slack entries as computed one log at a
+    time, bit for bit."""
+    from twin.policy.features import pass_features
+    from twin.policy.menu import prefill_params
+
+    cfg = preset("finance-qa-chunks-v2")
+    env = SchedulingEnv(cfg)
+    pre = prefill_params(cfg.prefill)
+    seen = 0
+    for seed in (3, 4):
+        _, _, _, snaps = rollout(env, seed, actions_seed=seed)
+        for snap in snaps:
+            got = pass_features(snap, cfg.targets, cfg.k_slots, "pass-v2", pre)
+            want = np.concatenate([_reference_waiting_running(snap, cfg.targets, cfg.k_slots),
+                                   _reference_slack(snap, cfg.targets, pre)])
+            assert got.tobytes() == want.tobytes()
+            seen += len(snap.waiting) > 1
+    assert seen > 20
+
+
+_VIEWS = st.builds(
+    lambda rid, prio, arrival, prompt, prefix, max_new, gen, first, res: RequestView(
+        rid=str(rid), priority=prio, arrival_s=arrival, queue_entry_s=arrival,
+        prompt_tokens=prompt, prefix_len=prefix, max_new_tokens=max_new + gen,
+        generated_tokens=gen, first_token_s=None if first is None else arrival + first,
+        reserved_tokens=res),
+    st.integers(0, 10**6), st.sampled_from([0, 5, 10, 20]),
+    st.one_of(st.integers(0, 3), st.floats(0.0, 500.0)),
+    st.integers(0, 130_000), st.integers(0, 140_000), st.integers(1, 4000),
+    st.integers(0, 3), st.one_of(st.none(), st.sampled_from([1.5, 3.0]), st.floats(0.0, 40.0)),
+    st.floats(0.0, 5000.0))
+
+
+@settings(max_examples=500, deadline=None)
+@given(waiting=st.lists(_VIEWS, max_size=14), running=st.lists(_VIEWS, max_size=14),
+       now=st.one_of(st.sampled_from([0, 1.5, 3.0, 4.5]), st.floats(0.0, 600.0)),
+       kv=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6)),
+       tiers=st.sampled_from([(), ((5, 0.8),), ((10, 0.5), (5, 0.9), (10, 0.4))]),
+       tpot=st.sampled_from([None, 0.0, 0.05]), k=st.sampled_from([1, 4, 8]))
+def test_features_on_drawn_passes_are_the_slot_by_slot_numbers(waiting, running, now, kv,
+                                                              tiers, tpot, k):
+    """Drawn passes (empty and busy queues, matches longer than the prompt, whole and
+    fractional times, the clock's int 0, waits and first tokens exactly at a target
+    (1.5 s: the boundaries of "late"), tiers named twice, no TPOT target, fewer waiting
+    than slots): pass-v1 is the slot-by-slot numbers, bit for bit."""
+    from twin.policy.features import SloTargets, pass_features
+
+    t = SloTargets(tpot_s=tpot, tier_ttft_s=tiers)
+    snap = Snapshot(now=now, waiting=tuple(waiting), running=tuple(running),
+                    kv_capacity=kv[0], kv_free=kv[1], kv_evictable=kv[2])
+    got = pass_features(snap, t, k)
+    assert got.tobytes() == _reference_waiting_running(snap, t, k).tobytes()
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-hold", "tiny-v2", "tiny-chunks",

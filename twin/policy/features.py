@@ -134,74 +134,133 @@ def waiting_targets(snap: Snapshot, t: SloTargets) -> np.ndarray:
 def pass_features(snap: Snapshot, t: SloTargets, k: int = K_SLOTS,
                   features: str = "pass-v1", prefill: dict | None = None) -> np.ndarray:
     """The observation of one pass (`feature_names(k, features)` says what each entry is);
-    `prefill`: the deadline rules' prefill model (pass-v2; {} or None: its defaults)."""
-    parts = [_waiting(snap, t, k), _running(snap, t)]
+    `prefill`: the deadline rules' prefill model (pass-v2; {} or None: its defaults).
+
+    The entries are computed in Python floats, each with the operations numpy did on its
+    column (elementwise IEEE arithmetic; sums of whole token counts, exact in any order;
+    numpy's own mean where the values are not whole), and every log at once in one
+    `np.log1p` over an array (`_Logs`): numpy's log1p may differ from `math.log1p` (its
+    SIMD loops) but not from itself over another array's length. tests/test_rl.py holds
+    them to the slot-by-slot numbers."""
+    out: list[float] = []
+    logs = _Logs()
+    _waiting(snap, t, k, out, logs)
+    _running(snap, t, out, logs)
     if check_feature_set(features) == "pass-v2":
-        parts.append(_slack(snap, t, prefill or {}))
-    return np.clip(np.concatenate(parts), -1.0, 1.0)
+        _slack(snap, t, prefill or {}, out, logs)
+    vec = np.array(out, dtype=float)
+    logs.fill(vec)
+    return np.clip(vec, -1.0, 1.0)
 
 
-def _slack(snap: Snapshot, t: SloTargets, prefill: dict) -> np.ndarray:
+class _Logs:
+    """A pass's `_log(x, scale)` entries, computed together (`fill`): their places in
+    the output, their arguments and their scales."""
+
+    __slots__ = ("at", "x", "scale")
+
+    def __init__(self) -> None:
+        self.at: list[int] = []
+        self.x: list[float] = []
+        self.scale: list[float] = []
+
+    def put(self, at: int, x, scale: float) -> None:
+        self.at.append(at)
+        self.x.append(x)
+        self.scale.append(scale)
+
+    def fill(self, vec: np.ndarray) -> None:
+        if self.at:
+            x = np.array(self.x, dtype=float)
+            vec[self.at] = np.log1p(np.maximum(x, 0)) / np.array(self.scale, dtype=float)
+
+
+def _target_of(t: SloTargets, tiers: dict, prompt: float, prio) -> float:
+    """`_targets` for one request: its tier's base (a later entry for a tier wins, as
+    there), else `ttft_s`; plus, for a document, its per-token allowance."""
+    base = tiers.get(prio, t.ttft_s) if tiers else t.ttft_s
+    return base + (prompt * t.doc_ttft_s_per_token if prompt >= t.doc_tokens else 0.0)
+
+
+def _slack(snap: Snapshot, t: SloTargets, prefill: dict, out: list, logs: _Logs) -> None:
     """SLACK_FIELDS: the deadline policy's groups of the waiting queue (its `laxity`
     mode: `due` are the kept documents whose slack is down to its margin)."""
     from twin.policy.menu import deadline_policy  # menu and deadline import this module
 
-    out = np.zeros(len(SLACK_FIELDS))
+    base = len(out)
+    part = [0.0] * len(SLACK_FIELDS)
     pol = deadline_policy("laxity", t, prefill)
     running_short = any(not t.is_document(r.prompt_tokens) for r in snap.running)
-    out[9] = float(running_short)
-    if not snap.waiting:
-        return out
-    g = pol.groups(snap)
-    slack = g["slack"]
-    due = [i for i in g["kept"] if slack[i] <= pol.margin_s]
-    out[0:4] = (_log(len(g["kept"]), 4), _log(len(due), 4), _log(len(g["hopeless"]), 4),
-                _log(len(g["overdue"]), 4))
-    docs = g["kept"] + g["hopeless"] + g["overdue"]
-    if docs:
-        out[4] = min(slack[i] for i in docs) / SLACK_SCALE_S
-    if g["kept"]:
-        out[5] = min(slack[i] for i in g["kept"]) / SLACK_SCALE_S
-    out[6:8] = (_log(len(g["ok"]), 6), _log(len(g["late"]), 6))
-    shorts = g["ok"] + g["late"]
-    if shorts:
-        w = snap.waiting
-        head = min(shorts, key=lambda i: (w[i].arrival_s, i))
-        target = t.ttft_target(w[head].prompt_tokens, w[head].priority)
-        out[8] = min((snap.now - w[head].arrival_s) / target, 4.0) / 4
-    return out
+    part[9] = float(running_short)
+    if snap.waiting:
+        g = pol.groups(snap)
+        slack = g["slack"]
+        due = [i for i in g["kept"] if slack[i] <= pol.margin_s]
+        for j, n in enumerate((len(g["kept"]), len(due), len(g["hopeless"]),
+                               len(g["overdue"]))):
+            logs.put(base + j, n, 4)
+        docs = g["kept"] + g["hopeless"] + g["overdue"]
+        if docs:
+            part[4] = min(slack[i] for i in docs) / SLACK_SCALE_S
+        if g["kept"]:
+            part[5] = min(slack[i] for i in g["kept"]) / SLACK_SCALE_S
+        logs.put(base + 6, len(g["ok"]), 6)
+        logs.put(base + 7, len(g["late"]), 6)
+        shorts = g["ok"] + g["late"]
+        if shorts:
+            w = snap.waiting
+            head = min(shorts, key=lambda i: (w[i].arrival_s, i))
+            target = t.ttft_target(w[head].prompt_tokens, w[head].priority)
+            part[8] = min((snap.now - w[head].arrival_s) / target, 4.0) / 4
+    out.extend(part)
 
 
-def _waiting(snap: Snapshot, t: SloTargets, k: int) -> np.ndarray:
-    n = len(snap.waiting)
-    slots = np.zeros((k, len(SLOT_FIELDS)))
-    queue = np.zeros(len(QUEUE_FIELDS))
-    queue[0] = _log(n, 6)
-    if not n:
-        return np.concatenate([slots.ravel(), queue])
-    a = _arrays(snap.waiting)
-    prompt, prefix = a["prompt"], np.minimum(a["prefix"], a["prompt"])
-    uncached = prompt - prefix
-    target = _targets(t, prompt, a["prio"])
-    late = (snap.now - a["arrival"]) / target  # the wait so far in units of the TTFT target
-    doc = prompt >= t.doc_tokens
-    oldest = np.array(sorted(range(n), key=lambda i: (a["arrival"][i], i))[:k], dtype=np.intp)
-    # the slots column by column: the same element-wise operations as one slot at a time
-    # (max/min as np.maximum/np.minimum: the same values, NaN included)
-    m = len(oldest)
-    p_o = prompt[oldest]
-    slots[:m, 0] = 1.0
-    slots[:m, 1] = _log(p_o, 12)
-    slots[:m, 2] = _log(uncached[oldest], 12)
-    slots[:m, 3] = prefix[oldest] / np.maximum(p_o, 1.0)
-    slots[:m, 4] = np.minimum(late[oldest], 8.0) / 8
-    slots[:m, 5] = a["prio"][oldest] / 20
-    slots[:m, 6] = doc[oldest]
-    short = ~doc
-    queue[1:] = (_share(short), _log(uncached.sum(), 14), _log(uncached.min(), 12),
-                 min(late.max(), 8.0) / 8, _share(late > 1),
-                 _share(late[short] > 1) if short.any() else 0.0, _log(doc.sum(), 4))
-    return np.concatenate([slots.ravel(), queue])
+def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> None:
+    """SLOT_FIELDS for the k oldest waiting (by arrival, then place), then QUEUE_FIELDS."""
+    w = snap.waiting
+    n = len(w)
+    nf = len(SLOT_FIELDS)
+    base = len(out)
+    slots = [0.0] * (k * nf)
+    queue = [0.0] * len(QUEUE_FIELDS)
+    q0 = base + k * nf
+    logs.put(q0, n, 6)
+    if n:
+        tiers = dict(t.tier_ttft_s)
+        now, doc_tokens = snap.now, t.doc_tokens
+        arrival = [float(r.arrival_s) for r in w]
+        prompt = [float(r.prompt_tokens) for r in w]
+        prefix = [min(float(r.prefix_len), p) for r, p in zip(w, prompt, strict=True)]
+        prio = [float(r.priority) for r in w]
+        uncached = [p - c for p, c in zip(prompt, prefix, strict=True)]
+        late = [(now - a) / _target_of(t, tiers, p, pr)
+                for a, p, pr in zip(arrival, prompt, prio, strict=True)]
+        doc = [p >= doc_tokens for p in prompt]
+        oldest = sorted(range(n), key=lambda i: (arrival[i], i))[:k]
+        for s, i in enumerate(oldest):
+            at = s * nf
+            p = prompt[i]
+            slots[at] = 1.0
+            logs.put(base + at + 1, p, 12)
+            logs.put(base + at + 2, uncached[i], 12)
+            slots[at + 3] = prefix[i] / (p if p > 1.0 else 1.0)
+            x = late[i]
+            slots[at + 4] = (x if x < 8.0 else 8.0) / 8
+            slots[at + 5] = prio[i] / 20
+            slots[at + 6] = 1.0 if doc[i] else 0.0
+        n_doc = sum(doc)
+        n_short = n - n_doc
+        top = max(late)
+        queue[1] = n_short / n
+        logs.put(q0 + 2, sum(uncached), 14)
+        logs.put(q0 + 3, min(uncached), 12)
+        queue[4] = (top if top < 8.0 else 8.0) / 8
+        queue[5] = sum(x > 1 for x in late) / n
+        queue[6] = (sum(x > 1 for x, d in zip(late, doc, strict=True) if not d) / n_short
+                    if n_short else 0.0)
+        logs.put(q0 + 7, n_doc, 4)
+    out.extend(slots)
+    out.extend(queue)
 
 
 def _share(mask: np.ndarray) -> float:
@@ -210,35 +269,43 @@ def _share(mask: np.ndarray) -> float:
     return np.count_nonzero(mask) / mask.size
 
 
-def _running(snap: Snapshot, t: SloTargets) -> np.ndarray:
+def _running(snap: Snapshot, t: SloTargets, out: list, logs: _Logs) -> None:
+    """RUN_FIELDS, then SLO_FIELDS."""
     cap = max(snap.kv_capacity, 1)
     r = snap.running
     n = len(r)
-    run = np.zeros(len(RUN_FIELDS))
-    slo = np.zeros(len(SLO_FIELDS))
-    run[0] = _log(n, 6)
+    base = len(out)
+    run = [0.0] * len(RUN_FIELDS)
+    slo = [0.0] * len(SLO_FIELDS)
+    logs.put(base, n, 6)
     used = cap - snap.kv_free - snap.kv_evictable
-    run[3:6] = (used / cap, snap.kv_free / cap, snap.kv_evictable / cap)
-    if not n:
-        return np.concatenate([run, slo])
-    # one pass over the views: arrival, prompt, priority, tokens left, first token, generated
-    cols = np.array([(x.arrival_s, x.prompt_tokens, x.priority,
-                      x.max_new_tokens - x.generated_tokens,
-                      np.nan if x.first_token_s is None else x.first_token_s,
-                      x.generated_tokens) for x in r], float).T
-    a = {"arrival": cols[0], "prompt": cols[1], "prio": cols[2]}
-    left, first, gen = cols[3], cols[4], cols[5]
-    run[1] = _share(a["prompt"] >= t.doc_tokens)
-    run[2] = _log(left.sum(), 12)
-    run[6] = sum(x.reserved_tokens for x in r) / cap
-    started = ~np.isnan(first)
-    if started.any():
-        ttft = (first - a["arrival"])[started]
-        ratio = ttft / _targets(t, a["prompt"], a["prio"])[started]
-        slo[0] = _share(ratio > 1)
-        slo[1] = min(ratio.mean(), 4.0) / 4
-    decoding = started & (gen > 1)
-    if decoding.any() and t.tpot_s:
-        tpot = (snap.now - first[decoding]) / (gen[decoding] - 1)
-        slo[2] = _share(tpot > t.tpot_s)
-    return np.concatenate([run, slo])
+    run[3], run[4], run[5] = used / cap, snap.kv_free / cap, snap.kv_evictable / cap
+    if n:
+        tiers = dict(t.tier_ttft_s)
+        now, doc_tokens = snap.now, t.doc_tokens
+        n_doc = left = 0
+        ratios = []
+        n_tpot = n_slow = 0
+        tpot_s = t.tpot_s
+        for x in r:
+            p = float(x.prompt_tokens)
+            n_doc += p >= doc_tokens
+            left += x.max_new_tokens - x.generated_tokens
+            first = x.first_token_s
+            if first is not None:
+                ratios.append((first - x.arrival_s) / _target_of(t, tiers, p,
+                                                                  float(x.priority)))
+                if x.generated_tokens > 1 and tpot_s:
+                    n_tpot += 1
+                    n_slow += (now - first) / (x.generated_tokens - 1) > tpot_s
+        run[1] = n_doc / n
+        logs.put(base + 2, left, 12)
+        run[6] = sum(x.reserved_tokens for x in r) / cap
+        if ratios:
+            slo[0] = sum(x > 1 for x in ratios) / len(ratios)
+            mean = np.array(ratios).mean()  # numpy's own pairwise sum
+            slo[1] = min(mean, 4.0) / 4
+        if n_tpot:
+            slo[2] = n_slow / n_tpot
+    out.extend(run)
+    out.extend(slo)
