@@ -146,3 +146,61 @@ def test_moore_hodgson_by_heap_is_the_scan(pairs, start):
     duration included: the largest key goes), so the same keys in the same order."""
     jobs = [(d, dur, k) for k, (d, dur) in enumerate(pairs)]
     assert moore_hodgson(jobs, start) == _moore_hodgson_by_scan(jobs, start)
+
+
+def _groups_by_columns(pol, s):
+    """The groups with each deadline from `waiting_targets`' numpy column (the form
+    before the targets were computed request by request in Python floats)."""
+    from twin.policy.features import waiting_targets
+
+    w, now = s.waiting, s.now
+    deadline = [r.arrival_s + t for r, t in zip(w, waiting_targets(s, pol.targets),
+                                                 strict=True)]
+    cost = [pol.prefill_s(r) for r in w]
+    doc = [pol.targets.is_document(r.prompt_tokens) for r in w]
+    shorts = [i for i in range(len(w)) if not doc[i]]
+    g = {"ok": sorted((i for i in shorts if now + cost[i] <= deadline[i]),
+                      key=lambda i: (deadline[i], i)),
+         "late": sorted((i for i in shorts if now + cost[i] > deadline[i]),
+                        key=lambda i: (w[i].arrival_s, i))}
+    docs = [i for i in range(len(w)) if doc[i]]
+    g["overdue"] = sorted((i for i in docs if pol.max_defer_s
+                           and now - w[i].arrival_s > pol.max_defer_s),
+                          key=lambda i: (w[i].arrival_s, i))
+    over = set(g["overdue"])
+    start = now + sum(cost[i] for i in shorts)
+    g["kept"], g["hopeless"] = _moore_hodgson_by_scan(
+        [(deadline[i], cost[i], i) for i in docs if i not in over], start)
+    g["hopeless"].sort(key=lambda i: (w[i].arrival_s, i))
+    g["slack"] = [d - now - c for d, c in zip(deadline, cost, strict=True)]
+    return g
+
+
+_WAITING = st.lists(st.builds(
+    lambda i, prio, arrival, prompt, prefix: RequestView(
+        rid=f"r{i}", priority=prio, arrival_s=arrival, queue_entry_s=arrival,
+        prompt_tokens=prompt, prefix_len=prefix, max_new_tokens=50),
+    st.integers(0, 999), st.sampled_from([0, 5, 10]),
+    st.one_of(st.integers(0, 3), st.floats(-700.0, 100.0)),
+    st.one_of(st.integers(1, 5000), st.integers(4096, 130_000)), st.integers(0, 20_000)),
+    max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(waiting=_WAITING, now=st.one_of(st.sampled_from([0, 1.5, 100.0]),
+                                       st.floats(0.0, 200.0)),
+       tiers=st.sampled_from([None, [[5, 0.8]], [[10, 0.5], [5, 0.9], [10, 0.4]]]),
+       defer=st.sampled_from([0.0, 150.0, 600.0]))
+def test_groups_are_their_column_form(waiting, now, tiers, defer):
+    """Each deadline computed in Python floats is `waiting_targets`' float: the groups,
+    in order, and the slacks are the column form's, bit for bit (tiers named twice,
+    documents, matches longer than the prompt, no aging bound)."""
+    import struct
+
+    pol = DeadlinePolicy(tier_ttft_s=tiers, max_defer_s=defer)
+    s = snap(now, waiting, RUNNING)
+    got, want = pol._groups(s), _groups_by_columns(pol, s)
+    assert {k: v for k, v in got.items() if k != "slack"} == \
+        {k: v for k, v in want.items() if k != "slack"}
+    assert [struct.pack("d", x) for x in got["slack"]] == \
+        [struct.pack("d", x) for x in want["slack"]]

@@ -70,7 +70,7 @@ from heapq import heappop, heappush
 from typing import NamedTuple
 
 from twin.policy.base import MAX_PARK, ChunkPlan, Plan, Policy, RequestView, Snapshot
-from twin.policy.features import SloTargets, waiting_targets
+from twin.policy.features import SloTargets, column_target
 from twin.policy.registry import register
 from twin.policy.sglang import ShortestPrefillFirst
 
@@ -313,9 +313,10 @@ class DeadlinePolicy(Policy):
         return {k: list(v) for k, v in g.items()}
 
     def _groups(self, snap: Snapshot) -> dict[str, list[int]]:
-        w, now = snap.waiting, snap.now
-        deadline = [r.arrival_s + t for r, t in zip(w, waiting_targets(snap, self.targets),
-                                                     strict=True)]
+        w, now, t = snap.waiting, snap.now, self.targets
+        tiers = dict(t.tier_ttft_s)  # (each target `waiting_targets`' float, in Python)
+        deadline = [r.arrival_s + column_target(t, tiers, float(r.prompt_tokens),
+                                                float(r.priority)) for r in w]
         cost = [self.prefill_s(r) for r in w]
         doc = [self.targets.is_document(r.prompt_tokens) for r in w]
         shorts = [i for i in range(len(w)) if not doc[i]]

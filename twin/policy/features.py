@@ -175,8 +175,9 @@ class _Logs:
             vec[self.at] = np.log1p(np.maximum(x, 0)) / np.array(self.scale, dtype=float)
 
 
-def _target_of(t: SloTargets, tiers: dict, prompt: float, prio) -> float:
-    """`_targets` for one request: its tier's base (a later entry for a tier wins, as
+def column_target(t: SloTargets, tiers: dict, prompt: float, prio) -> float:
+    """`_targets` (`waiting_targets`) for one request, the same float (`tiers`:
+    `dict(t.tier_ttft_s)`): its tier's base (a later entry for a tier wins, as
     there), else `ttft_s`; plus, for a document, its per-token allowance."""
     base = tiers.get(prio, t.ttft_s) if tiers else t.ttft_s
     return base + (prompt * t.doc_ttft_s_per_token if prompt >= t.doc_tokens else 0.0)
@@ -233,7 +234,7 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> N
         prefix = [min(float(r.prefix_len), p) for r, p in zip(w, prompt, strict=True)]
         prio = [float(r.priority) for r in w]
         uncached = [p - c for p, c in zip(prompt, prefix, strict=True)]
-        late = [(now - a) / _target_of(t, tiers, p, pr)
+        late = [(now - a) / column_target(t, tiers, p, pr)
                 for a, p, pr in zip(arrival, prompt, prio, strict=True)]
         doc = [p >= doc_tokens for p in prompt]
         oldest = sorted(range(n), key=lambda i: (arrival[i], i))[:k]
@@ -293,7 +294,7 @@ def _running(snap: Snapshot, t: SloTargets, out: list, logs: _Logs) -> None:
             left += x.max_new_tokens - x.generated_tokens
             first = x.first_token_s
             if first is not None:
-                ratios.append((first - x.arrival_s) / _target_of(t, tiers, p,
+                ratios.append((first - x.arrival_s) / column_target(t, tiers, p,
                                                                   float(x.priority)))
                 if x.generated_tokens > 1 and tpot_s:
                     n_tpot += 1
