@@ -519,3 +519,17 @@ def test_the_environment_on_the_typed_core_is_the_python_replicas(monkeypatch, n
     typed, python = episodes(True), episodes(False)
     assert sum(len(r) for _, r, _ in typed) > 20  # questions were asked and answered
     assert typed == python
+
+
+def test_the_latest_wait_keeps_numpys_zero():
+    """The queue's longest wait when it is zero: numpy's max of equal zeros may be the
+    -0.0 (an arrival a subnormal after now: found by the drawn passes), Python's max the
+    first 0.0; the features keep numpy's."""
+    from twin.policy.features import SloTargets, pass_features
+
+    w = [RequestView(rid=str(i), prompt_tokens=1, max_new_tokens=1) for i in range(4)]
+    w.append(RequestView(rid="doc", arrival_s=5e-324, queue_entry_s=5e-324,
+                         prompt_tokens=4096, max_new_tokens=1))
+    snap = Snapshot(now=0, waiting=tuple(w), running=())
+    t = SloTargets(tpot_s=None)
+    assert pass_features(snap, t, 1).tobytes() == _reference_waiting_running(snap, t, 1).tobytes()

@@ -252,6 +252,8 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> N
         n_doc = sum(doc)
         n_short = n - n_doc
         top = max(late)
+        if top == 0.0:  # numpy's max of equal zeros may be the -0.0 (Python's: the first)
+            top = np.array(late).max()
         queue[1] = n_short / n
         logs.put(q0 + 2, sum(uncached), 14)
         logs.put(q0 + 3, min(uncached), 12)
