@@ -4,6 +4,7 @@ tiny training run, reward shaping, and the shipped policy (docs/rl.md)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gymnasium as gym
@@ -466,7 +467,8 @@ _VIEWS = st.builds(
     st.integers(0, 10**6), st.sampled_from([0, 5, 10, 20]),
     st.one_of(st.integers(0, 3), st.floats(0.0, 500.0)),
     st.integers(0, 130_000), st.integers(0, 140_000), st.integers(1, 4000),
-    st.integers(0, 3), st.one_of(st.none(), st.sampled_from([1.5, 3.0]), st.floats(0.0, 40.0)),
+    st.integers(0, 3),
+    st.one_of(st.none(), st.sampled_from([1.5, 3.0, math.nan]), st.floats(0.0, 40.0)),
     st.floats(0.0, 5000.0))
 
 
@@ -474,14 +476,16 @@ _VIEWS = st.builds(
 @given(waiting=st.lists(_VIEWS, max_size=14), running=st.lists(_VIEWS, max_size=14),
        now=st.one_of(st.sampled_from([0, 1.5, 3.0, 4.5]), st.floats(0.0, 600.0)),
        kv=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6)),
-       tiers=st.sampled_from([(), ((5, 0.8),), ((10, 0.5), (5, 0.9), (10, 0.4))]),
+       tiers=st.sampled_from([(), ((5, 0.8),), ((10, 0.5), (5, 0.9), (10, 0.4)),
+                              ((0, 0.0),)]),
        tpot=st.sampled_from([None, 0.0, 0.05]), k=st.sampled_from([1, 4, 8]))
 def test_features_on_drawn_passes_are_the_slot_by_slot_numbers(waiting, running, now, kv,
                                                               tiers, tpot, k):
     """Drawn passes (empty and busy queues, matches longer than the prompt, whole and
     fractional times, the clock's int 0, waits and first tokens exactly at a target
-    (1.5 s: the boundaries of "late"), tiers named twice, no TPOT target, fewer waiting
-    than slots): pass-v1 is the slot-by-slot numbers, bit for bit."""
+    (1.5 s: the boundaries of "late"), tiers named twice, a tier with a 0 s target (inf
+    and NaN waits), a NaN first token, no TPOT target, fewer waiting than slots): pass-v1
+    is the slot-by-slot numbers, bit for bit (NaN compared as bytes too)."""
     from twin.policy.features import SloTargets, pass_features
 
     t = SloTargets(tpot_s=tpot, tier_ttft_s=tiers)

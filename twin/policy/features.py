@@ -175,6 +175,12 @@ class _Logs:
             vec[self.at] = np.log1p(np.maximum(x, 0)) / np.array(self.scale, dtype=float)
 
 
+def _div(x: float, y: float) -> float:
+    """x / y as numpy divides: inf or NaN (with numpy's warning) where y is zero (a tier
+    whose TTFT target is 0 s)."""
+    return x / y if y else float(np.float64(x) / np.float64(y))
+
+
 def column_target(t: SloTargets, tiers: dict, prompt: float, prio) -> float:
     """`_targets` (`waiting_targets`) for one request, the same float (`tiers`:
     `dict(t.tier_ttft_s)`): its tier's base (a later entry for a tier wins, as
@@ -234,7 +240,7 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> N
         prefix = [min(float(r.prefix_len), p) for r, p in zip(w, prompt, strict=True)]
         prio = [float(r.priority) for r in w]
         uncached = [p - c for p, c in zip(prompt, prefix, strict=True)]
-        late = [(now - a) / column_target(t, tiers, p, pr)
+        late = [_div(now - a, column_target(t, tiers, p, pr))
                 for a, p, pr in zip(arrival, prompt, prio, strict=True)]
         doc = [p >= doc_tokens for p in prompt]
         oldest = sorted(range(n), key=lambda i: (arrival[i], i))[:k]
@@ -246,18 +252,18 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> N
             logs.put(base + at + 2, uncached[i], 12)
             slots[at + 3] = prefix[i] / (p if p > 1.0 else 1.0)
             x = late[i]
-            slots[at + 4] = (x if x < 8.0 else 8.0) / 8
+            slots[at + 4] = (8.0 if 8.0 < x else x) / 8  # (np.minimum: NaN stays)
             slots[at + 5] = prio[i] / 20
             slots[at + 6] = 1.0 if doc[i] else 0.0
         n_doc = sum(doc)
         n_short = n - n_doc
         top = max(late)
-        if top == 0.0:  # numpy's max of equal zeros may be the -0.0 (Python's: the first)
-            top = np.array(late).max()
+        if top == 0.0 or any(x != x for x in late):  # numpy's max: of equal zeros maybe
+            top = np.array(late).max()  # the -0.0 (Python's: the first); NaN wins anywhere
         queue[1] = n_short / n
         logs.put(q0 + 2, sum(uncached), 14)
         logs.put(q0 + 3, min(uncached), 12)
-        queue[4] = (top if top < 8.0 else 8.0) / 8
+        queue[4] = min(top, 8.0) / 8
         queue[5] = sum(x > 1 for x in late) / n
         queue[6] = (sum(x > 1 for x, d in zip(late, doc, strict=True) if not d) / n_short
                     if n_short else 0.0)
@@ -295,9 +301,9 @@ def _running(snap: Snapshot, t: SloTargets, out: list, logs: _Logs) -> None:
             n_doc += p >= doc_tokens
             left += x.max_new_tokens - x.generated_tokens
             first = x.first_token_s
-            if first is not None:
-                ratios.append((first - x.arrival_s) / column_target(t, tiers, p,
-                                                                  float(x.priority)))
+            if first is not None and first == first:  # (NaN: not started, as isnan says)
+                ratios.append(_div(first - x.arrival_s,
+                                   column_target(t, tiers, p, float(x.priority))))
                 if x.generated_tokens > 1 and tpot_s:
                     n_tpot += 1
                     n_slow += (now - first) / (x.generated_tokens - 1) > tpot_s
