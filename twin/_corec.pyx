@@ -43,14 +43,13 @@ from twin.policy.base import (
     Plan,
     RequestView,
     Snapshot,
-    ViewSequence,
 )
 from twin.perf.step_cache import BLOCK as _BLOCK
 from twin.errors import ServetwinError
 from twin.policy.check import validate_chunk_plan
 from twin.record_sink import RecordSink
 from twin.request_state import SimRequest
-from twin.views import head_key, prefix_path
+from twin.views import RunningViews, head_key, prefix_path
 from twin.workload import BENCH_WARMUP_GAP_S
 
 _new = object.__new__
@@ -58,27 +57,22 @@ _UNSET = object()  # a request's head not yet computed (`Core.head_of`)
 
 
 
-class CoreRunning(ViewSequence):
-    """twin/views.py `RunningViews` over the core's columns: the running batch's views
-    for one question, built when first read, valid until its answer (`close`)."""
+class CoreRunning(RunningViews):
+    """twin/views.py `RunningViews` over the core's columns (`_reqs`: request numbers):
+    the running batch's views for one question, built when first read, valid until its
+    answer (`close`)."""
 
-    __slots__ = ("_core", "_ratio", "_views", "_open")
+    __slots__ = ("_core",)
 
     def __init__(self, core, tuple idx, double ratio):
-        self._core, self._reqs, self._ratio = core, idx, ratio
-        self._views = None
-        self._open = True
+        RunningViews.__init__(self, idx, ratio)
+        self._core = core
 
-    def views(self):
-        if self._views is None:
-            if not self._open:
-                raise RuntimeError("a snapshot's running views were first read after its "
-                                   "decision: a policy must not keep a snapshot")
-            self._views = self._core.running_views(self._reqs, self._ratio)
-        return self._views
+    def _build(self):
+        return self._core.running_views(self._reqs, self._ratio)
 
     def close(self):
-        self._open = False
+        RunningViews.close(self)
         self._core = None
 
 
@@ -833,7 +827,7 @@ cdef class Core:
     cdef double threshold
     cdef long long[::1] prio, preemptions_, vict
     cdef long long n_preemptions
-    # an order asked of Python (ORDER_ASK, twin/core.py `ask_kind`): `asker(snapshot)`
+    # an order asked of Python (ORDER_ASK, twin/core.py `run_order`): `asker(snapshot)`
     # answers a Plan, or anything else for a question left pending (an outside agent's:
     # `run` returns with `asking` set, `answer` applies its plan, `run` goes on);
     # `ask_all`: asked even with fewer than two waiting (an outside decider); `ask_skip`:
@@ -1009,7 +1003,7 @@ cdef class Core:
         self.preempt = order_kind == ORDER_PRIORITY or (order_kind == ORDER_ASK
                                                          and bool(rep.preempt))
         pol = rep.policy
-        self.sign, self.threshold = getattr(pol, "sign", 1), getattr(pol, "threshold", 10)
+        self.sign, self.threshold = pol.sign, pol.threshold
         self.prio = np.array([r.priority if r is not None else 0 for r in reqs],
                              dtype=np.int64)
         self.preemptions_ = np.zeros(n, dtype=np.int64)
@@ -1805,9 +1799,8 @@ cdef class Core:
         snap.running.close()
         why = validate_chunk_plan(plan, 1)
         if why:
-            now = self.now_obj if self.fed else (0 if self.now_int else self.now)
             raise ServetwinError(f"policy {self.policy.name!r} broke its contract at "
-                                 f"t={now}: chunk question: {why}")
+                                 f"t={self.clock()}: chunk question: {why}")
         return plan
 
     cdef object chunk_view(self, long long i):
@@ -1872,15 +1865,17 @@ cdef class Core:
         waiting = tuple([self.wview(self.w_at(j)) for j in range(self.w_len)])
         running = CoreRunning(self, tuple([self.run_[j] for j in range(self.n_run)]),
                               self.ratio)
-        # SimPy's clock as the Python replica reads it: the int 0 at first; in a fleet
-        # SimPy's own (a numpy float where a delay was one)
-        now = self.now_obj if self.fed else (0 if self.now_int else self.now)
-        return Snapshot(now=now, waiting=waiting, running=running,
+        return Snapshot(now=self.clock(), waiting=waiting, running=running,
                         kv_free=self.capacity - self.used, kv_evictable=self.evictable(),
                         kv_capacity=self.cap.max_total_num_tokens,
                         new_token_ratio=self.ratio, max_running_requests=self.max_running,
                         processed_tokens=self.prefill_tokens, candidate=candidate,
                         tokens_needed=tokens_needed)
+
+    cdef object clock(self):
+        """SimPy's clock as the Python replica reads it: the int 0 at first; in a fleet
+        SimPy's own (a numpy float where a delay was one)."""
+        return self.now_obj if self.fed else (0 if self.now_int else self.now)
 
     cdef object head_of(self, long long i):
         """`SimRequest.head`, computed once."""
@@ -1949,9 +1944,7 @@ cdef class Core:
         cdef Py_ssize_t m = self.w_len, j
         if m < 2:
             return 0
-        # SimPy's clock as the Python replica reads it: the int 0 at first; in a fleet
-        # SimPy's own (a numpy float where a delay was one: its repr differs)
-        now = self.now_obj if self.fed else (0 if self.now_int else self.now)
+        now = self.clock()  # (in a fleet a numpy float's repr differs from a float's)
         rids = ",".join([self.reqs[self.w_at(j)].rid for j in range(m)])
         idx = list(range(m))
         random.Random(f"{self.seed}:{now!r}:{self.prefill_tokens}:{rids}").shuffle(idx)

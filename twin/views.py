@@ -85,9 +85,14 @@ class RunningViews(ViewSequence):
             if not self._open:
                 raise RuntimeError("a snapshot's running views were first read after its "
                                    "decision: a policy must not keep a snapshot")
-            ratio = self._ratio
-            self._views = tuple([view(r, ratio, True) for r in self._reqs])
+            self._views = self._build()
         return self._views
+
+    def _build(self) -> tuple[RequestView, ...]:
+        """The views of `_reqs` (SimRequests here; the typed core's request numbers in
+        its `CoreRunning`)."""
+        ratio = self._ratio
+        return tuple([view(r, ratio, True) for r in self._reqs])
 
     def close(self) -> None:
         self._open = False

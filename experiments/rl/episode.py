@@ -150,13 +150,17 @@ class Episode:
             return False
         if self._last_t is not None and snap.now - self._last_t < self.cfg.min_gap_s:
             return False
-        chunked = (self.core.has_chunked if self.core is not None
-                   else self.rep.chunked is not None)
-        if self.held.chunk_choice and (chunked or any(
+        if self.held.chunk_choice and (self._chunked() or any(
                 self.cfg.targets.is_document(r.prompt_tokens) for r in snap.waiting)):
             return True  # the entries' chunk answers differ and a document is about
         first = self.held.rule_plan(snap, 0)
         return any(self.held.rule_plan(snap, c) != first for c in range(1, len(self.cfg.menu)))
+
+    def _chunked(self) -> bool:
+        """Whether a prompt is being prefilled in chunks (the core's or the replica's)."""
+        if self.core is not None:
+            return self.core.has_chunked
+        return self.rep.chunked is not None
 
     def advance(self) -> tuple[Snapshot | None, float]:
         """Run to the next question (or the end); the question and the reward since."""

@@ -272,12 +272,6 @@ def _waiting(snap: Snapshot, t: SloTargets, k: int, out: list, logs: _Logs) -> N
     out.extend(queue)
 
 
-def _share(mask: np.ndarray) -> float:
-    """`mask.mean()` of a non-empty boolean array: its count over its length, the same
-    float64 (a whole-number sum divided once)."""
-    return np.count_nonzero(mask) / mask.size
-
-
 def _running(snap: Snapshot, t: SloTargets, out: list, logs: _Logs) -> None:
     """RUN_FIELDS, then SLO_FIELDS."""
     cap = max(snap.kv_capacity, 1)
